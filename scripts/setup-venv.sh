@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Create or refresh ./.venv at the repository root with everything duplex-actors needs.
+# Idempotent: a stamp file records the inputs, so a second run does nothing unless
+# pyproject.toml or this script changed.
+#
+# Why the order matters: moshi 0.2.13 pins torch<2.10 (and bitsandbytes, sounddevice);
+# a resolver that sees that pin replaces the torch we want with a multi-GB CUDA build.
+# So torch goes in first, moshi goes in with --no-deps, and this package (which lists
+# moshi's light runtime deps itself) goes in last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+VENV=.venv
+STAMP=$VENV/.duplex-setup-stamp
+want=$( (cat pyproject.toml scripts/setup-venv.sh; echo "$TORCH_SPEC") | sha256sum | cut -c1-16)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+    exit 0
+fi
+
+echo "setting up $VENV (python: $PYTHON, torch: $TORCH_SPEC)" >&2
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
+fi
+pip install --no-deps "moshi==0.2.13"
+pip install -e ".[dev]"
+# The resolver must not have replaced torch: fail loudly if it did.
+"$VENV/bin/python" - <<'PY'
+import torch, moshi
+assert moshi.__version__ == "0.2.13", moshi.__version__
+print(f"torch {torch.__version__} (cuda build: {torch.version.cuda is not None}), moshi {moshi.__version__}")
+PY
+echo "$want" > "$STAMP"

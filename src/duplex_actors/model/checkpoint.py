@@ -1,0 +1,195 @@
+"""Finding and loading checkpoints: a local directory, a Hugging Face repo, or the built-in tiny.
+
+A checkpoint directory is laid out like ``nvidia/personaplex-7b-v1`` and
+``kyutai/moshiko-pytorch-bf16``:
+
+- ``model.safetensors``: the LM (8- or 16-step depformer; a 16-step one is cut to 8 at load),
+- ``tokenizer-e351c8d8-checkpoint125.safetensors``: Mimi,
+- ``tokenizer_spm_32k_3.model``: the SentencePiece text tokenizer,
+- ``voices/*.pt`` or ``voices.tgz``: PersonaPlex voice prompts (optional),
+- ``lm_config.json``: LM dimensions overriding the Moshi 7B config (optional),
+- ``mimi_config.json``: a Mimi config overriding the default one (optional; tiny models).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import CheckpointError
+
+LM_NAME = "model.safetensors"
+MIMI_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
+TOKENIZER_NAME = "tokenizer_spm_32k_3.model"
+LM_CONFIG_NAME = "lm_config.json"
+MIMI_CONFIG_NAME = "mimi_config.json"
+VOICES_DIR = "voices"
+VOICES_TGZ = "voices.tgz"
+HF_ALLOW_PATTERNS = [
+    LM_NAME,
+    MIMI_NAME,
+    TOKENIZER_NAME,
+    LM_CONFIG_NAME,
+    MIMI_CONFIG_NAME,
+    VOICES_TGZ,
+    f"{VOICES_DIR}/*.pt",
+]
+BUILTIN_MODELS = ("tiny", "tiny-parrot")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def cache_root() -> Path:
+    """Where built-in models and extracted voices live (``DUPLEX_CACHE_DIR`` overrides)."""
+    env = os.environ.get("DUPLEX_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "duplex-actors"
+
+
+@attrs.frozen(slots=True)
+class CheckpointFiles:
+    """The files of one checkpoint, resolved to local paths."""
+
+    model_id: str
+    root: Path
+    lm: Path
+    mimi: Path
+    tokenizer: Path
+    voices: Mapping[str, Path]
+    lm_config: Mapping[str, Any]
+    mimi_config: Mapping[str, Any] | None
+
+    def lm_sha256(self) -> str:
+        return file_sha256(self.lm)
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, cached beside nothing: a Hugging Face blob is named by it already."""
+    real = path.resolve()
+    if real.parent.name == "blobs" and re.fullmatch(r"[0-9a-f]{64}", real.name):
+        return real.name
+    digest = hashlib.sha256()
+    with open(real, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; expected {what}")
+    return path
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: expected {what} as a JSON object ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected {what} as a JSON object")
+    return data
+
+
+def _voices(root: Path) -> dict[str, Path]:
+    """Bundled ``.pt`` voices: ``voices/*.pt``, else ``voices.tgz`` extracted into the cache."""
+    folder = root / VOICES_DIR
+    if not folder.is_dir() and (root / VOICES_TGZ).is_file():
+        folder = _extract_voices(root / VOICES_TGZ)
+    if not folder.is_dir():
+        return {}
+    return {p.name: p for p in sorted(folder.glob("*.pt")) if p.is_file()}
+
+
+def _extract_voices(archive: Path) -> Path:
+    target = cache_root() / "voices" / file_sha256(archive)[:16]
+    if target.is_dir():
+        return target
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if not member.isfile() or not name.endswith(".pt") or name.startswith("."):
+                    continue
+                src = tar.extractfile(member)
+                assert src is not None
+                (tmp / name).write_bytes(src.read())
+    except (OSError, tarfile.TarError) as exc:
+        raise CheckpointError(f"{archive}: expected a gzipped tar of .pt voice prompts ({exc})") from exc
+    try:
+        tmp.rename(target)
+    except OSError:  # another process extracted it first
+        pass
+    return target
+
+
+def checkpoint_from_dir(root: Path, model_id: str | None = None) -> CheckpointFiles:
+    root = Path(root)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory")
+    lm_config: dict[str, Any] = {}
+    if (root / LM_CONFIG_NAME).is_file():
+        lm_config = _read_json(root / LM_CONFIG_NAME, "the LM dimensions (moshi LMModel kwargs)")
+    mimi_config = None
+    if (root / MIMI_CONFIG_NAME).is_file():
+        mimi_config = _read_json(root / MIMI_CONFIG_NAME, "a moshi Mimi config")
+    return CheckpointFiles(
+        model_id=model_id or root.name,
+        root=root,
+        lm=_require(root / LM_NAME, "the LM weights (safetensors)"),
+        mimi=_require(root / MIMI_NAME, "the Mimi codec weights (safetensors)"),
+        tokenizer=_require(root / TOKENIZER_NAME, "the SentencePiece text tokenizer"),
+        voices=_voices(root),
+        lm_config=lm_config,
+        mimi_config=mimi_config,
+    )
+
+
+def checkpoint_from_hf(repo_id: str, revision: str | None = None) -> CheckpointFiles:
+    """Download (or find in the local cache) a Hugging Face repo with huggingface_hub.
+
+    Honours ``HF_TOKEN`` (the PersonaPlex repo is gated), ``HF_HOME``/``HF_HUB_CACHE`` and
+    ``HF_HUB_OFFLINE=1`` (cache only).
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        local = snapshot_download(repo_id, revision=revision, allow_patterns=HF_ALLOW_PATTERNS)
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"{repo_id}: not in the local Hugging Face cache and the hub is unreachable or "
+            f"HF_HUB_OFFLINE=1 ({exc})"
+        ) from exc
+    except HfHubHTTPError as exc:
+        raise CheckpointError(f"{repo_id}: download failed ({exc}); gated repos need HF_TOKEN") from exc
+    name = repo_id if revision is None else f"{repo_id}@{revision}"
+    return checkpoint_from_dir(Path(local), model_id=name)
+
+
+def resolve_checkpoint(spec: str, revision: str | None = None) -> CheckpointFiles:
+    """``tiny`` / ``tiny-parrot`` (built on first use), a local directory, or an HF repo id."""
+    if spec in BUILTIN_MODELS:
+        from .tiny import ensure_builtin
+
+        return checkpoint_from_dir(ensure_builtin(spec), model_id=spec)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return checkpoint_from_dir(path)
+    if _REPO_ID.match(spec):
+        return checkpoint_from_hf(spec, revision)
+    raise CheckpointError(
+        f"{spec}: not a built-in model ({', '.join(BUILTIN_MODELS)}), an existing directory, "
+        "or a Hugging Face repo id (owner/name)"
+    )

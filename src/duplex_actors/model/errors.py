@@ -1,0 +1,27 @@
+"""Typed errors of the model layer; ``code`` is the wire error code the server reports."""
+
+from __future__ import annotations
+
+
+class ModelError(Exception):
+    """Base class; ``code`` is stable and user-visible."""
+
+    code = "internal_error"
+
+
+class CheckpointError(ModelError):
+    """A checkpoint file is missing or malformed; the message names the file and what was expected."""
+
+    code = "checkpoint_error"
+
+
+class InvalidVoice(ModelError):
+    """The requested voice prompt is not a bundled ``.pt`` basename of this checkpoint."""
+
+    code = "invalid_voice"
+
+
+class InvalidRuntimeConfig(ModelError):
+    """A session tried to set a server-owned runtime key, or a sampling value is out of range."""
+
+    code = "invalid_duplex_runtime_config"

@@ -1,0 +1,249 @@
+"""The batched lockstep engine over moshi 0.2.13 (DESIGN §2 "Model engine").
+
+Per step, for a ``[B, 1920]`` batch: Mimi streaming encode -> ``LMGen.step`` -> Mimi
+streaming decode. Slots without a frame are exec-masked and do not advance; rows the LM has
+not generated yet (``-2``) are never decoded. A reset slot is prefilled with its prompt by
+pasting a snapshot computed once per (voice, persona) on a batch-1 twin of the LM that shares
+its weights (or, with ``prefill="burst"``, by running the prompt inside the batch).
+
+Synchronous and single-threaded: call it from one worker thread. Never imports trio.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Literal
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from .engine import (
+    FRAME_SAMPLES,
+    NUM_CODEBOOKS,
+    TEXT_EPAD_ID,
+    TEXT_PAD_ID,
+    SessionPrompt,
+    StepOutput,
+)
+from .errors import InvalidVoice
+from .family import ModelFamily, detect_family
+from .lm_runner import LMRunner, SlotState
+from .loading import LoadedCheckpoint
+from .personaplex import (
+    PrefillPlan,
+    VoicePrompt,
+    build_prefill_plan,
+    load_voice_prompt,
+    wrap_with_system_tags,
+)
+from .sampling import install as install_sampler
+
+PrefillMode = Literal["snapshot", "burst"]
+
+
+@attrs.define(slots=True)
+class EngineStatistics:
+    steps: int = 0
+    step_seconds_total: float = 0.0
+    last_step_seconds: float = 0.0
+    resets: int = 0
+    last_reset_seconds: float = 0.0
+    prefill_snapshot_hits: int = 0
+    prefill_snapshot_misses: int = 0
+    prefill_compute_seconds_total: float = 0.0
+
+
+def configure_torch_threads(threads: int) -> None:
+    """On CPU, one torch thread per engine: on 2 shared cores more threads get much slower."""
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # can only be set once per process, before any parallel work
+        pass
+
+
+class MoshiEngine:
+    """A :class:`~duplex_actors.model.engine.ModelEngine` over the real moshi models."""
+
+    def __init__(
+        self,
+        checkpoint: LoadedCheckpoint,
+        *,
+        slots: int,
+        family: str | None = None,
+        prefill: PrefillMode = "snapshot",
+        snapshot_cache_size: int = 32,
+        torch_threads: int | None = 1,
+    ) -> None:
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
+        if prefill not in ("snapshot", "burst"):
+            raise ValueError(f"prefill must be 'snapshot' or 'burst', got {prefill!r}")
+        if checkpoint.device.type == "cpu" and torch_threads is not None:
+            configure_torch_threads(torch_threads)
+        install_sampler()
+        self.checkpoint = checkpoint
+        self.family: ModelFamily = detect_family(list(checkpoint.files.voices), family)
+        self.device = checkpoint.device
+        self._slots = slots
+        self._prefill_mode = prefill
+        self._snapshot_cache_size = snapshot_cache_size
+        lm = checkpoint.lm
+        self._twin: LMRunner | None = None
+        if self.family.capabilities.prefill and prefill == "snapshot":
+            # A second LMModel that shares every parameter and buffer (no extra weights), so
+            # a prompt can be computed at B=1 without touching the batch's state.
+            memo = {id(t): t for t in itertools.chain(lm.parameters(), lm.buffers())}
+            self._twin = LMRunner(copy.deepcopy(lm, memo), 1)
+        self._runner = LMRunner(lm, slots)
+        self._mimi = checkpoint.mimi
+        self._mimi.streaming_forever(slots)
+        self._tokenizer = checkpoint.tokenizer
+        self._voices: dict[str, VoicePrompt] = {}
+        self._snapshots: OrderedDict[tuple[str, str], SlotState] = OrderedDict()
+        self._plans: dict[tuple[str, str], PrefillPlan] = {}
+        self._prepare_lock = threading.Lock()
+        self._hidden_text = {TEXT_PAD_ID, TEXT_EPAD_ID}
+        self.stats = EngineStatistics()
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    @property
+    def model_id(self) -> str:
+        return self.checkpoint.files.model_id
+
+    # -- prompts -----------------------------------------------------------------------------
+    def voice(self, name: str) -> VoicePrompt:
+        if name not in self._voices:
+            if name not in self.checkpoint.files.voices:
+                raise InvalidVoice(f"unknown voice {name!r}")
+            path = self.checkpoint.files.voices[name]
+            self._voices[name] = load_voice_prompt(path, dim=self.checkpoint.lm.dim)
+        return self._voices[name]
+
+    def prefill_plan(self, prompt: SessionPrompt) -> PrefillPlan | None:
+        if not self.family.capabilities.prefill:
+            return None
+        voice = prompt.voice or self.family.default_voice
+        if voice is None:
+            raise InvalidVoice("this checkpoint bundles no voice prompts")
+        key = (voice, prompt.persona)
+        if key not in self._plans:
+            tokens = self._tokenizer.encode(wrap_with_system_tags(prompt.persona))
+            self._plans[key] = build_prefill_plan(self.voice(voice), list(tokens))
+        return self._plans[key]
+
+    def prepare(self, prompt: SessionPrompt) -> SlotState | None:
+        """Compute (or fetch) the prefill snapshot of ``prompt``'s (voice, persona).
+
+        Uses only the batch-1 twin, so it may run in another thread while ``step`` runs.
+        """
+        plan = self.prefill_plan(prompt)
+        if plan is None or self._twin is None:
+            return None
+        key = (prompt.voice or self.family.default_voice or "", prompt.persona)
+        with self._prepare_lock:
+            snap = self._snapshots.get(key)
+            if snap is not None:
+                self._snapshots.move_to_end(key)
+                self.stats.prefill_snapshot_hits += 1
+                return snap
+            started = time.perf_counter()
+            self._twin.reset(0, prompt.sampling)
+            self._twin.run_prefill(0, plan, prompt.sampling)
+            snap = self._twin.snapshot(0, len(plan))
+            self.stats.prefill_compute_seconds_total += time.perf_counter() - started
+            self.stats.prefill_snapshot_misses += 1
+            self._snapshots[key] = snap
+            while len(self._snapshots) > self._snapshot_cache_size:
+                self._snapshots.popitem(last=False)
+            return snap
+
+    # -- the engine interface ------------------------------------------------------------------
+    def reset(self, slot: int, prompt: SessionPrompt) -> None:
+        """Fresh context for ``slot``: reset LM and Mimi rows, then prefill ``prompt``."""
+        self._check_slot(slot)
+        started = time.perf_counter()
+        plan = self.prefill_plan(prompt)  # validates the voice before touching the slot
+        snap = self.prepare(prompt) if self._prefill_mode == "snapshot" else None
+        mask = torch.zeros(self._slots, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        self._runner.reset(slot, prompt.sampling)
+        self._mimi.reset_streaming(reset_mask=mask)
+        if snap is not None:
+            self._runner.paste(slot, snap)
+        elif plan is not None:
+            self._runner.run_prefill(slot, plan, prompt.sampling)
+        self.stats.resets += 1
+        self.stats.last_reset_seconds = time.perf_counter() - started
+
+    @torch.no_grad()
+    def step(self, frames: Mapping[int, npt.NDArray[np.float32]]) -> dict[int, StepOutput]:
+        started = time.perf_counter()
+        batch = self._slots
+        exec_mask = torch.zeros(batch, dtype=torch.bool)
+        pcm = torch.zeros(batch, 1, FRAME_SAMPLES, dtype=torch.float32)
+        for slot, frame in frames.items():
+            self._check_slot(slot)
+            if frame.shape != (FRAME_SAMPLES,):
+                raise ValueError(f"slot {slot}: frame must be [{FRAME_SAMPLES}], got {frame.shape}")
+            pcm[slot, 0] = torch.from_numpy(np.asarray(frame, dtype=np.float32))
+            exec_mask[slot] = True
+        if not frames:
+            return {}
+        exec_mask = exec_mask.to(self.device)
+        self._mimi.set_exec_mask(exec_mask)
+        user_codes = self._mimi.encode(pcm.to(self.device))  # [B, 8, 1]
+        out = self._runner.step(user_codes, exec_mask)  # [B, 9, 1]
+        agent = out[:, 1:, :]
+        ready = exec_mask & (agent[:, :, 0] >= 0).all(dim=1)
+        ready_cpu = ready.cpu()
+        pcm_out = None
+        if bool(ready_cpu.any()):
+            self._mimi.set_exec_mask(ready)
+            pcm_out = self._mimi.decode(agent.clamp(min=0))[:, 0].float().cpu().numpy()
+        tokens = out[:, :, 0].cpu().tolist()
+        codes_in = user_codes[:, :, 0].cpu().tolist()
+        results: dict[int, StepOutput] = {}
+        for slot in frames:
+            is_ready = bool(ready_cpu[slot])
+            text = int(tokens[slot][0])
+            results[slot] = StepOutput(
+                ready=is_ready,
+                text_token=text,
+                text_piece=self.text_piece(text) if is_ready else "",
+                agent_codes=tuple(int(c) for c in tokens[slot][1 : 1 + NUM_CODEBOOKS]),
+                user_codes=tuple(int(c) for c in codes_in[slot]),
+                pcm=(
+                    pcm_out[slot].copy()
+                    if is_ready and pcm_out is not None
+                    else np.zeros(FRAME_SAMPLES, dtype=np.float32)
+                ),
+            )
+        elapsed = time.perf_counter() - started
+        self.stats.steps += 1
+        self.stats.step_seconds_total += elapsed
+        self.stats.last_step_seconds = elapsed
+        return results
+
+    def text_piece(self, token: int) -> str:
+        """The text a token shows to users: '' for padding and control ids, '▁' -> ' '."""
+        tok = self._tokenizer
+        if token in self._hidden_text or token < 0 or token >= tok.vocab_size():
+            return ""
+        if tok.is_control(token) or tok.is_unknown(token):
+            return ""
+        return str(tok.id_to_piece(token)).replace("\u2581", " ")
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self._slots:
+            raise IndexError(f"slot {slot} out of range 0..{self._slots - 1}")
