@@ -49,8 +49,8 @@ _MAX_COSINE = 0.9
 
 
 def _codewords(gen: torch.Generator) -> torch.Tensor:
-    words = torch.randn(NUM_CODEBOOKS, CARD, SUBSPACE, generator=gen)
-    words: torch.Tensor = words / words.norm(dim=-1, keepdim=True)
+    raw = torch.randn(NUM_CODEBOOKS, CARD, SUBSPACE, generator=gen)
+    words: torch.Tensor = raw / raw.norm(dim=-1, keepdim=True)
     gram = words @ words.transpose(1, 2) - 2 * torch.eye(CARD)
     worst = float(gram.max())
     if worst > _MAX_COSINE:  # would make two codes hard to tell apart
