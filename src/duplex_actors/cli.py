@@ -1,0 +1,101 @@
+"""``duplex-actors``: serve the model, or build a tiny test checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    from .app import create_app
+    from .config import ServerConfig
+
+    config = ServerConfig(
+        model=args.model,
+        revision=args.revision,
+        family=args.family,
+        max_sessions=args.max_sessions,
+        device=args.device,
+        torch_threads=args.torch_threads,
+    )
+    hyper = Config()
+    hyper.bind = [f"{args.host}:{args.port}"]
+    hyper.accesslog = None
+
+    async def main() -> None:
+        app = create_app(config)
+        stop = trio.Event()
+
+        async def on_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    stop.set()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(on_signals)
+            print(f"duplex-actors: serving {config.model} on http://{args.host}:{args.port}", flush=True)
+            await serve(app, hyper, shutdown_trigger=stop.wait)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return 0
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from .model.tiny import make_tiny_model
+
+    out = make_tiny_model(Path(args.dir), seed=args.seed, parrot=args.parrot)
+    kind = "parrot" if args.parrot else "tiny"
+    print(f"wrote {kind} checkpoint (seed {args.seed}) to {out}")
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        print(f"  {path.relative_to(out)}  {path.stat().st_size} bytes")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duplex-actors", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the model over HTTP/WebSocket")
+    serve.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny, tiny-parrot, a checkpoint directory, or a Hugging Face repo id (default: tiny)",
+    )
+    serve.add_argument("--revision", default=None, help="Hugging Face revision")
+    serve.add_argument("--family", choices=["personaplex", "moshi"], default=None)
+    serve.add_argument("--max-sessions", type=int, default=8, help="engine slots (default 8)")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    serve.add_argument("--torch-threads", type=int, default=1, help="torch threads on CPU (default 1)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(func=_serve)
+
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny checkpoint (deterministic)")
+    tiny.add_argument("dir", help="output directory (created; must be empty)")
+    tiny.add_argument("--parrot", action="store_true", help="an LM that echoes the user's codes")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_make_tiny)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FileExistsError as exc:
+        print(f"duplex-actors: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

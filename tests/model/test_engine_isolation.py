@@ -1,0 +1,155 @@
+"""Slot isolation, reset-equals-fresh and snapshot-equals-computed prefill (greedy decoding).
+
+A session's text tokens and audio codes must be identical (output PCM within 1e-5) whether
+it runs alone at B=1 or in any slot of a B=8 batch while other slots join, reset, pause and
+leave at random ticks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from duplex_actors.model.engine import SessionPrompt
+
+from .helpers import Session, engine, first_divergence, run_alone, session_audio
+
+FRAMES = 10
+POOL = [
+    Session(SessionPrompt(voice="NATF2.pt", persona="You are a patient tutor."), session_audio(1, FRAMES)),
+    Session(SessionPrompt(voice="NATM1.pt", persona="You sell bicycles."), session_audio(2, FRAMES)),
+    Session(SessionPrompt(voice="NATF2.pt", persona="You sell bicycles."), session_audio(3, FRAMES)),
+    Session(SessionPrompt(voice="NATM1.pt", persona="You are a patient tutor."), session_audio(4, FRAMES)),
+]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_dir):
+    alone = engine(tiny_dir, 1)
+    return [run_alone(alone, s) for s in POOL]
+
+
+@pytest.fixture(scope="module")
+def batch8(tiny_dir):
+    return engine(tiny_dir, 8)
+
+
+@st.composite
+def schedules(draw):
+    slots = draw(st.permutations(range(8)))
+    plan = []
+    for i in range(len(POOL)):
+        plan.append(
+            {
+                "slot": slots[i],
+                "join": draw(st.integers(0, 5)),
+                "pauses": draw(st.sets(st.integers(0, 20), max_size=4)),
+            }
+        )
+    noise = []
+    for j in range(2):
+        join = draw(st.integers(0, 6))
+        noise.append(
+            {
+                "slot": slots[len(POOL) + j],
+                "join": join,
+                "resets": draw(st.sets(st.integers(join + 1, 20), max_size=2)),
+                "leave": draw(st.integers(join, 22)),
+                "pauses": draw(st.sets(st.integers(0, 20), max_size=3)),
+            }
+        )
+    return plan, noise
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=schedules())
+def test_slot_isolation_in_a_changing_batch(references, batch8, schedule):
+    plan, noise = schedule
+    eng = batch8
+    rs = np.random.RandomState(0)
+    outputs: list[list] = [[] for _ in POOL]
+    tick = 0
+    while any(len(out) < FRAMES for out in outputs):
+        assert tick < 60, "schedule did not finish"
+        frames = {}
+        for i, p in enumerate(plan):
+            if tick == p["join"]:
+                eng.reset(p["slot"], POOL[i].prompt)
+            if tick >= p["join"] and len(outputs[i]) < FRAMES and tick not in p["pauses"]:
+                frames[p["slot"]] = POOL[i].frames[len(outputs[i])]
+        for n in noise:
+            if tick == n["join"] or tick in n["resets"]:
+                eng.reset(n["slot"], POOL[(tick + n["slot"]) % len(POOL)].prompt)
+            if n["join"] <= tick < n["leave"] and tick not in n["pauses"]:
+                frames[n["slot"]] = (rs.randn(1920) * 0.3).astype(np.float32)
+        result = eng.step(frames)
+        for i, p in enumerate(plan):
+            if p["slot"] in frames and len(outputs[i]) < FRAMES and tick >= p["join"]:
+                outputs[i].append(result[p["slot"]])
+        tick += 1
+    for i, (ref, got) in enumerate(zip(references, outputs, strict=True)):
+        where = first_divergence(ref, got)
+        assert where is None, f"session {i} in slot {plan[i]['slot']}: {where}"
+
+
+def test_reset_equals_fresh(tiny_dir, references):
+    """After reset, a slot reproduces a fresh engine's outputs, while its neighbour keeps running."""
+    eng = engine(tiny_dir, 2)
+    eng.reset(0, POOL[1].prompt)
+    eng.reset(1, POOL[2].prompt)
+    for f0, f1 in zip(POOL[1].frames[:6], POOL[2].frames[:6], strict=True):
+        eng.step({0: f0, 1: f1})
+    # New epoch in slot 0 with another session; slot 1 goes on.
+    eng.reset(0, POOL[0].prompt)
+    got = []
+    for i, frame in enumerate(POOL[0].frames):
+        frames = {0: frame}
+        if i % 3:
+            frames[1] = POOL[2].frames[(6 + i) % FRAMES]
+        got.append(eng.step(frames)[0])
+    assert first_divergence(references[0], got) is None, first_divergence(references[0], got)
+
+
+def test_snapshot_paste_equals_computed_prefill(tiny_dir):
+    """A prompt pasted from the snapshot cache equals the prompt run step by step in the batch."""
+    snap = engine(tiny_dir, 3, prefill="snapshot")
+    burst = engine(tiny_dir, 3, prefill="burst")
+    session = POOL[3]
+    other = POOL[0]
+    # The burst engine computes the prefill in slot 2 while slot 0 is mid-conversation.
+    burst.reset(0, other.prompt)
+    for frame in other.frames[:4]:
+        burst.step({0: frame})
+    burst.reset(2, session.prompt)
+    snap.reset(1, session.prompt)
+    got_burst = [burst.step({2: f, 0: other.frames[4]})[2] for f in session.frames]
+    got_snap = [snap.step({1: f})[1] for f in session.frames]
+    where = first_divergence(got_burst, got_snap)
+    assert where is None, where
+    assert snap.stats.prefill_snapshot_misses == 1
+    snap.reset(0, session.prompt)
+    assert snap.stats.prefill_snapshot_hits == 1
+
+
+def test_snapshot_cache_is_bounded(tiny_dir):
+    eng = engine(tiny_dir, 1)
+    eng._snapshot_cache_size = 2
+    for persona in ("one", "two", "three"):
+        eng.reset(0, SessionPrompt(voice="NATF2.pt", persona=persona))
+    assert len(eng._snapshots) == 2
+    eng.reset(0, SessionPrompt(voice="NATF2.pt", persona="one"))  # evicted: computed again
+    assert eng.stats.prefill_snapshot_misses == 4
+
+
+def test_exec_masked_slot_does_not_advance(tiny_dir, references):
+    """A slot that sends nothing for many ticks continues exactly where it stopped."""
+    eng = engine(tiny_dir, 2)
+    eng.reset(0, POOL[0].prompt)
+    eng.reset(1, POOL[1].prompt)
+    got = [eng.step({0: POOL[0].frames[0]})[0]]
+    for frame in POOL[1].frames:
+        eng.step({1: frame})
+    got += [eng.step({0: f})[0] for f in POOL[0].frames[1:]]
+    assert first_divergence(references[0], got) is None
