@@ -16,7 +16,11 @@ def test_each_session_gets_its_own_codes_back_delayed(parrot_dir, family):
     eng = engine(parrot_dir, 4, family=family)
     sessions = {0: 21, 1: 22, 3: 23}
     prompts = {
-        "personaplex": {0: SessionPrompt("NATF2.pt", "x"), 1: SessionPrompt("NATM1.pt", "y"), 3: SessionPrompt("NATF2.pt", "z")},
+        "personaplex": {
+            0: SessionPrompt("NATF2.pt", "x"),
+            1: SessionPrompt("NATM1.pt", "y"),
+            3: SessionPrompt("NATF2.pt", "z"),
+        },
         "moshi": {s: SessionPrompt() for s in sessions},
     }[family]
     audio = {s: session_audio(seed, 14) for s, seed in sessions.items()}

@@ -67,7 +67,9 @@ def sampled_sessions():
     return [
         Session(SessionPrompt(voice="NATF2.pt", persona="A", sampling=SAMPLED), session_audio(11, 16)),
         Session(
-            SessionPrompt(voice="NATF2.pt", persona="A", sampling=SamplingConfig(**{**_fields(SAMPLED), "seed": 99})),
+            SessionPrompt(
+                voice="NATF2.pt", persona="A", sampling=SamplingConfig(**{**_fields(SAMPLED), "seed": 99})
+            ),
             session_audio(11, 16),
         ),
     ]
