@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The one command for the GPU machine (Python 3.12, torch 2.11, no moshi, no duplex_actors).
+# First, here: bench/gpu_wheels.sh (fills the git-ignored .whl/). Then a device `run` with
+#   command: bash bench/run_gpu.sh        carry: [".whl"]        timeout_s: ~330
+# Extra arguments go to bench/engine_gpu.py (e.g. --batches 1,8 --steps 10).
+#
+# NO_TORCH_COMPILE=1: moshi would torch.compile its RMSNorm on CUDA; with CUDA graphs on
+# (moshi's default on CUDA) the graphs already remove most launch overhead, and the compile
+# time (per shape, per fresh LM) would come out of the 5-minute budget of this run.
+cd "$(dirname "$0")/.." || exit
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:src || exit
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+NO_TORCH_COMPILE=1 PYTHONUNBUFFERED=1 python3 bench/engine_gpu.py "$@" 2>&1 | tee "${OUT:-/tmp}/engine_gpu.log"
