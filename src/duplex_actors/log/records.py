@@ -1,0 +1,205 @@
+"""Session log records (DESIGN §5) and their payload encoding.
+
+A record's payload is a JSON object (UTF-8, sorted keys, no NaN) followed by at most one raw
+binary blob (audio: input samples as received, or the output frame as PCM16), never base64:
+``u32 json_length | json | blob``. Framing (length, CRC32C, sequence number, kind) is
+:mod:`duplex_actors.log.segment`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, ClassVar, Final
+
+import attrs
+
+FORMAT_VERSION: Final = 1
+_JSON_LEN = struct.Struct("<I")
+
+
+@attrs.frozen(slots=True)
+class Header:
+    KIND: ClassVar[int] = 1
+    format_version: int
+    session_id: str
+    model_id: str
+    checkpoint_sha256: str
+    dtype: str
+    engine: dict[str, Any]
+    sampling: dict[str, Any]
+    dialect: str
+    output: dict[str, Any]
+    package_version: str
+    created_at: float
+
+
+@attrs.frozen(slots=True)
+class Open:
+    KIND: ClassVar[int] = 2
+    config: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class Update:
+    KIND: ClassVar[int] = 3
+    config: dict[str, Any]
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class Append:
+    """Input audio exactly as received: ``format`` is ``pcm16`` or ``pcm_f32le`` (mono, 24 kHz)."""
+
+    KIND: ClassVar[int] = 4
+    BLOB: ClassVar[str] = "audio"
+    audio: bytes
+    format: str = "pcm16"
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ClearInput:
+    KIND: ClassVar[int] = 5
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ClearOutput:
+    KIND: ClassVar[int] = 6
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class Cancel:
+    KIND: ClassVar[int] = 7
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class Heartbeat:
+    KIND: ClassVar[int] = 8
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class PlaybackAck:
+    KIND: ClassVar[int] = 9
+    payload: dict[str, Any] = attrs.field(factory=dict)
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class Close:
+    """``reason``: client_close, timeout, server_shutdown, disconnect, error, log_unavailable."""
+
+    KIND: ClassVar[int] = 10
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class Step:
+    """One model step result for this session, as the scheduler routed it."""
+
+    KIND: ClassVar[int] = 11
+    BLOB: ClassVar[str] = "pcm16"
+    epoch: int
+    frame_index: int
+    ready: bool
+    text_token: int
+    text_piece: str
+    agent_codes: tuple[int, ...]
+    user_codes: tuple[int, ...]
+    pcm16: bytes
+
+
+@attrs.frozen(slots=True)
+class Rejected:
+    """An inbound event that failed validation, with the error the client was sent."""
+
+    KIND: ClassVar[int] = 12
+    event_type: str
+    code: str
+    message: str
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class End:
+    """Final digests of the outbound (dialect-neutral) event stream and of the output audio."""
+
+    KIND: ClassVar[int] = 13
+    events_sha256: str
+    audio_sha256: str
+    events: int
+    frames_out: int
+
+
+Record = (
+    Header | Open | Update | Append | ClearInput | ClearOutput | Cancel | Heartbeat | PlaybackAck
+    | Close | Step | Rejected | End
+)
+RECORD_TYPES: Final[tuple[type[Any], ...]] = (
+    Header, Open, Update, Append, ClearInput, ClearOutput, Cancel, Heartbeat, PlaybackAck,
+    Close, Step, Rejected, End,
+)
+BY_KIND: Final[dict[int, type[Any]]] = {cls.KIND: cls for cls in RECORD_TYPES}
+KIND_NAMES: Final[dict[type[Any], str]] = {
+    Header: "header", Open: "open", Update: "update", Append: "append",
+    ClearInput: "clear_input", ClearOutput: "clear_output", Cancel: "cancel",
+    Heartbeat: "heartbeat", PlaybackAck: "playback_ack", Close: "close", Step: "step",
+    Rejected: "rejected", End: "end",
+}
+
+
+class PayloadError(ValueError):
+    """A payload that does not decode to its record kind."""
+
+
+def encode_payload(record: Record) -> tuple[int, bytes]:
+    """``(kind, payload bytes)`` of a record."""
+    cls = type(record)
+    blob_field: str | None = getattr(cls, "BLOB", None)
+    fields = {}
+    blob = b""
+    for a in attrs.fields(cls):
+        value = getattr(record, a.name)
+        if a.name == blob_field:
+            blob = bytes(value)
+        elif isinstance(value, tuple):
+            fields[a.name] = list(value)
+        else:
+            fields[a.name] = value
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return cls.KIND, _JSON_LEN.pack(len(text)) + text + blob
+
+
+def decode_payload(kind: int, payload: bytes) -> Record:
+    cls = BY_KIND.get(kind)
+    if cls is None:
+        raise PayloadError(f"unknown record kind {kind}")
+    if len(payload) < _JSON_LEN.size:
+        raise PayloadError("payload shorter than its JSON length prefix")
+    (n,) = _JSON_LEN.unpack_from(payload)
+    if _JSON_LEN.size + n > len(payload):
+        raise PayloadError("JSON length runs past the payload")
+    try:
+        fields = json.loads(payload[_JSON_LEN.size : _JSON_LEN.size + n])
+    except ValueError as exc:
+        raise PayloadError(f"payload JSON: {exc}") from exc
+    if not isinstance(fields, dict):
+        raise PayloadError("payload JSON is not an object")
+    blob = payload[_JSON_LEN.size + n :]
+    blob_field: str | None = getattr(cls, "BLOB", None)
+    if blob_field is not None:
+        fields[blob_field] = blob
+    elif blob:
+        raise PayloadError(f"{KIND_NAMES[cls]} record carries unexpected binary data")
+    for a in attrs.fields(cls):
+        if a.name in fields and isinstance(fields[a.name], list) and a.name.endswith("codes"):
+            fields[a.name] = tuple(fields[a.name])
+    try:
+        record: Record = cls(**fields)
+    except TypeError as exc:
+        raise PayloadError(f"{KIND_NAMES[cls]} record: {exc}") from exc
+    return record
