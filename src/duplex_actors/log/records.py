@@ -136,19 +136,50 @@ class End:
 
 
 Record = (
-    Header | Open | Update | Append | ClearInput | ClearOutput | Cancel | Heartbeat | PlaybackAck
-    | Close | Step | Rejected | End
+    Header
+    | Open
+    | Update
+    | Append
+    | ClearInput
+    | ClearOutput
+    | Cancel
+    | Heartbeat
+    | PlaybackAck
+    | Close
+    | Step
+    | Rejected
+    | End
 )
 RECORD_TYPES: Final[tuple[type[Any], ...]] = (
-    Header, Open, Update, Append, ClearInput, ClearOutput, Cancel, Heartbeat, PlaybackAck,
-    Close, Step, Rejected, End,
+    Header,
+    Open,
+    Update,
+    Append,
+    ClearInput,
+    ClearOutput,
+    Cancel,
+    Heartbeat,
+    PlaybackAck,
+    Close,
+    Step,
+    Rejected,
+    End,
 )
 BY_KIND: Final[dict[int, type[Any]]] = {cls.KIND: cls for cls in RECORD_TYPES}
 KIND_NAMES: Final[dict[type[Any], str]] = {
-    Header: "header", Open: "open", Update: "update", Append: "append",
-    ClearInput: "clear_input", ClearOutput: "clear_output", Cancel: "cancel",
-    Heartbeat: "heartbeat", PlaybackAck: "playback_ack", Close: "close", Step: "step",
-    Rejected: "rejected", End: "end",
+    Header: "header",
+    Open: "open",
+    Update: "update",
+    Append: "append",
+    ClearInput: "clear_input",
+    ClearOutput: "clear_output",
+    Cancel: "cancel",
+    Heartbeat: "heartbeat",
+    PlaybackAck: "playback_ack",
+    Close: "close",
+    Step: "step",
+    Rejected: "rejected",
+    End: "end",
 }
 
 

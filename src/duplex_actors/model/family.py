@@ -16,8 +16,10 @@ import attrs
 
 from .engine import FRAME_SAMPLES, GREEDY, SAMPLE_RATE, SamplingConfig, SessionPrompt
 from .errors import InvalidRuntimeConfig, InvalidVoice
-from .personaplex import DEFAULT_PERSONA
 
+DEFAULT_PERSONA = (
+    "You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way."
+)
 # Keys that configure the server's model and may never come from a client.
 SERVER_OWNED_KEYS = frozenset(
     {

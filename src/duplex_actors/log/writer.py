@@ -1,0 +1,492 @@
+"""The log writer actor: one task per process that writes every session's log with group commit.
+
+Sessions never wait for the disk. :meth:`SessionLog.append_nowait` numbers and encodes a record and
+queues it; the writer task takes everything queued, writes each file's share with plain ``os.write``
+and then calls ``os.fdatasync`` once per file for the whole batch, in worker threads, never on the
+event loop. Policies:
+
+* **Bounded queue.** At most ``max_queued`` records wait; one more raises :class:`LogBackpressure` and
+  the record is not logged (its sequence number is not used). ``writer.statistics().queue_depth`` is
+  the metric. Closes and flushes are never refused.
+* **A failed write or fsync is fatal for that log.** The error is kept in ``log.failed``, later appends
+  raise :class:`LogFailed`, nothing is retried (after a failed fsync the kernel may already have
+  dropped the dirty pages, so a retry that succeeds would lie), and ``writer.healthy`` turns False for
+  good so the server can stop admitting sessions.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Final
+
+import attrs
+import trio
+
+from duplex_actors.log.records import Record
+from duplex_actors.log.segment import MAGIC, SUFFIX, encode_record
+
+FSYNC_HISTORY: Final = 4096
+_SESSION_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class LogBackpressure(Exception):
+    """The writer's queue is full: the record was not logged."""
+
+
+class LogFailed(Exception):
+    """The log had a write or fsync error; its ``__cause__`` is the OSError."""
+
+
+class LogClosed(Exception):
+    """The log was closed (or its writer shut down): it takes no more records."""
+
+
+@attrs.frozen(slots=True)
+class LogWriterStatistics:
+    """A snapshot of the writer's counters (``fsync_durations_s``: the last 4096, oldest first)."""
+
+    records_written: int
+    bytes_written: int
+    batches: int
+    fsyncs: int
+    dir_fsyncs: int
+    fsync_durations_s: tuple[float, ...]
+    queue_depth: int
+    max_queued: int
+    open_logs: int
+    failed_logs: int
+    records_dropped: int
+
+    def fsync_percentile(self, q: float) -> float | None:
+        """The ``q``-th percentile (0-100, nearest rank) of the recorded fsync durations, in seconds."""
+        if not self.fsync_durations_s:
+            return None
+        ordered = sorted(self.fsync_durations_s)
+        rank = max(1, math.ceil(q / 100 * len(ordered)))
+        return ordered[min(rank, len(ordered)) - 1]
+
+
+class SessionLog:
+    """The handle of one session's log file; made by :meth:`LogWriter.create`."""
+
+    def __init__(self, writer: LogWriter, session_id: str, path: Path, fd: int) -> None:
+        self.session_id: Final = session_id
+        self.path: Final = path
+        self._writer = writer
+        self._fd = fd
+        self._next_seq = 0
+        self._durable_seq = -1
+        self._closing = False
+        self._closed = trio.Event()
+        self.failed: OSError | None = None
+        """The write or fsync error that ended this log, if any."""
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next appended record gets."""
+        return self._next_seq
+
+    @property
+    def durable_seq(self) -> int:
+        """The last sequence number written (and fsynced, with ``fsync=True``); -1 before any."""
+        return self._durable_seq
+
+    @property
+    def closed(self) -> bool:
+        """True once the file is closed (after :meth:`close_nowait`, or at writer shutdown)."""
+        return self._closed.is_set()
+
+    def append_nowait(self, record: Record) -> int:
+        """Queue ``record`` under the next sequence number and return that number.
+
+        Raises :class:`LogFailed`, :class:`LogClosed` or :class:`LogBackpressure`; in each case
+        nothing was queued and the sequence number stays unused.
+        """
+        self._check_open()
+        seq = self._next_seq
+        self._writer._enqueue_record(_Write(self, seq, encode_record(seq, record)))
+        self._next_seq = seq + 1
+        return seq
+
+    def close_nowait(self) -> None:
+        """Queue the close of this log after its appended records; idempotent, never refused."""
+        if self._closing:
+            return
+        self._closing = True
+        self._writer._enqueue(_Close(self))
+
+    async def wait_closed(self) -> None:
+        """Return once every appended record is written (and fsynced) and the file is closed.
+
+        Raises :class:`LogFailed` if the log failed, since its records are then not all on disk.
+        """
+        await self._closed.wait()
+        self._raise_if_failed()
+
+    def _check_open(self) -> None:
+        self._raise_if_failed()
+        if self._closing or self._writer._shut_down:
+            raise LogClosed(f"session log {self.session_id} is closed")
+
+    def _raise_if_failed(self) -> None:
+        if self.failed is not None:
+            raise LogFailed(f"session log {self.session_id} failed: {self.failed}") from self.failed
+
+    def __repr__(self) -> str:
+        state = "failed" if self.failed else "closed" if self.closed else "open"
+        return f"<SessionLog {self.session_id} {state} next_seq={self._next_seq}>"
+
+
+@attrs.frozen(slots=True)
+class _Write:
+    log: SessionLog
+    seq: int
+    data: bytes
+
+
+@attrs.frozen(slots=True)
+class _Close:
+    log: SessionLog
+
+
+@attrs.frozen(slots=True)
+class _Flush:
+    done: trio.Event
+
+
+_Request = _Write | _Close | _Flush
+
+
+@attrs.define(slots=True)
+class _FileJob:
+    """One file's share of a batch; filled in by :func:`_run_job` in a worker thread."""
+
+    log: SessionLog
+    fd: int
+    data: bytes
+    last_seq: int
+    records: int
+    close: bool
+    fsync: bool
+    error: OSError | None = None
+    fsync_s: float | None = None
+
+
+def _run_job(job: _FileJob) -> None:
+    if job.data:
+        try:
+            view = memoryview(job.data)
+            while view:
+                view = view[os.write(job.fd, view) :]
+            if job.fsync:
+                t0 = time.perf_counter()
+                os.fdatasync(job.fd)
+                job.fsync_s = time.perf_counter() - t0
+        except OSError as exc:
+            job.error = exc
+    if job.close or job.error is not None:
+        try:
+            os.close(job.fd)
+        except OSError as exc:
+            job.error = job.error or exc
+
+
+def _run_jobs(jobs: Sequence[_FileJob]) -> None:
+    for job in jobs:
+        _run_job(job)
+
+
+def _fsync_dir(fd: int) -> OSError | None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        return exc
+    return None
+
+
+class LogWriter:
+    """Owns the queue of log writes and the task that commits them; see :func:`open_log_writer`."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        fsync: bool,
+        inline_io: bool,
+        max_queued: int,
+        io_threads: int,
+        on_failure: Callable[[SessionLog, OSError], None] | None,
+    ) -> None:
+        if max_queued < 1 or io_threads < 1:
+            raise ValueError("max_queued and io_threads must be at least 1")
+        self.log_dir: Final = log_dir
+        self._fsync = fsync
+        self._inline_io = inline_io
+        self._max_queued = max_queued
+        self._io_threads = io_threads
+        self._on_failure = on_failure
+        # Unbounded channel, bounded by ``_queued`` records: closes and flushes must never be refused.
+        self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
+        self._queued = 0
+        self._shut_down = False
+        self._open: set[SessionLog] = set()
+        self._created_since_dir_sync: list[SessionLog] = []
+        self._dir_fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._records_written = 0
+        self._bytes_written = 0
+        self._batches = 0
+        self._fsyncs = 0
+        self._dir_fsyncs = 0
+        self._fsync_durations: collections.deque[float] = collections.deque(maxlen=FSYNC_HISTORY)
+        self._failed_logs = 0
+        self._records_dropped = 0
+
+    @property
+    def healthy(self) -> bool:
+        """False for good once any log has failed: stop admitting sessions."""
+        return self._failed_logs == 0
+
+    @property
+    def failed_logs(self) -> int:
+        return self._failed_logs
+
+    def statistics(self) -> LogWriterStatistics:
+        return LogWriterStatistics(
+            records_written=self._records_written,
+            bytes_written=self._bytes_written,
+            batches=self._batches,
+            fsyncs=self._fsyncs,
+            dir_fsyncs=self._dir_fsyncs,
+            fsync_durations_s=tuple(self._fsync_durations),
+            queue_depth=self._queued,
+            max_queued=self._max_queued,
+            open_logs=len(self._open),
+            failed_logs=self._failed_logs,
+            records_dropped=self._records_dropped,
+        )
+
+    def path_for(self, session_id: str) -> Path:
+        if not _SESSION_ID.fullmatch(session_id):
+            raise ValueError(f"session id {session_id!r} is not a safe file name")
+        return self.log_dir / f"{session_id}{SUFFIX}"
+
+    def create(self, session_id: str) -> SessionLog:
+        """Create ``<session_id>.dlog`` (it must not exist: FileExistsError) and return its handle."""
+        if self._shut_down:
+            raise LogClosed("the log writer is shut down")
+        path = self.path_for(session_id)
+        # The open and the 8-byte magic only touch the page cache; durability comes with the first batch.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            if os.write(fd, MAGIC) != len(MAGIC):
+                raise OSError(f"short write of the magic to {path}")
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        log = SessionLog(self, session_id, path, fd)
+        self._open.add(log)
+        self._created_since_dir_sync.append(log)
+        return log
+
+    async def flush(self) -> None:
+        """Return once everything queued before this call is written (and fsynced) or has failed.
+
+        Failures are not raised here: see each log's ``failed`` and :attr:`healthy`.
+        """
+        done = trio.Event()
+        self._enqueue(_Flush(done))
+        await done.wait()
+
+    def _enqueue_record(self, request: _Write) -> None:
+        if self._queued >= self._max_queued:
+            raise LogBackpressure(f"log writer queue full ({self._max_queued} records)")
+        self._enqueue(request)
+        self._queued += 1
+
+    def _enqueue(self, request: _Request) -> None:
+        try:
+            self._send.send_nowait(request)
+        except trio.ClosedResourceError:
+            raise LogClosed("the log writer is shut down") from None
+
+    async def _run(self) -> None:
+        try:
+            async for first in self._receive:
+                # A batch taken off the queue is always finished: its records exist nowhere else.
+                with trio.CancelScope(shield=True):
+                    await self._commit([first, *self._take_queued()])
+        finally:
+            # Shutdown, even by cancellation: commit what is queued (bounded by max_queued), then
+            # close every file.
+            with trio.CancelScope(shield=True):
+                self._shutdown()
+                rest = self._take_queued()
+                if rest:
+                    await self._commit(rest)
+                await self._close_remaining()
+                self._receive.close()
+
+    def _take_queued(self) -> list[_Request]:
+        taken: list[_Request] = []
+        while True:
+            try:
+                taken.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return taken
+
+    async def _commit(self, batch: list[_Request]) -> None:
+        jobs: dict[SessionLog, _FileJob] = {}
+        chunks: dict[SessionLog, list[bytes]] = {}
+        flushes: list[trio.Event] = []
+        for request in batch:
+            if isinstance(request, _Flush):
+                flushes.append(request.done)
+                continue
+            log = request.log
+            if log.failed is not None or log.closed:
+                if isinstance(request, _Write):
+                    self._queued -= 1
+                    self._records_dropped += 1
+                continue
+            job = jobs.get(log)
+            if job is None:
+                job = jobs[log] = _FileJob(log, log._fd, b"", -1, 0, close=False, fsync=self._fsync)
+                chunks[log] = []
+            if isinstance(request, _Write):
+                self._queued -= 1
+                chunks[log].append(request.data)
+                job.last_seq = request.seq
+                job.records += 1
+            else:
+                job.close = True
+        for log, job in jobs.items():
+            job.data = b"".join(chunks[log])
+        if any(job.data for job in jobs.values()):
+            self._batches += 1
+        await self._execute(list(jobs.values()))
+        for done in flushes:
+            done.set()
+
+    async def _execute(self, jobs: list[_FileJob]) -> None:
+        # New files' directory entries are made durable with the first batch after their creation.
+        created, self._created_since_dir_sync = self._created_since_dir_sync, []
+        sync_dir = self._fsync and bool(created)
+        dir_error = await self._io(jobs, sync_dir=sync_dir)
+        for job in jobs:
+            self._settle(job)
+        if dir_error is not None:
+            for log in created:
+                self._fail(log, dir_error)
+        elif sync_dir:
+            self._dir_fsyncs += 1
+
+    async def _io(self, jobs: list[_FileJob], *, sync_dir: bool) -> OSError | None:
+        if self._inline_io:
+            _run_jobs(jobs)
+            return _fsync_dir(self._dir_fd) if sync_dir else None
+        dir_error: OSError | None = None
+        # Files go to up to ``io_threads`` threads: concurrent fdatasyncs can share a journal commit.
+        groups = [jobs[i :: self._io_threads] for i in range(min(self._io_threads, len(jobs)))]
+
+        async def run_group(group: list[_FileJob]) -> None:
+            await trio.to_thread.run_sync(_run_jobs, group)
+
+        async def sync_directory() -> None:
+            nonlocal dir_error
+            dir_error = await trio.to_thread.run_sync(_fsync_dir, self._dir_fd)
+
+        async with trio.open_nursery() as nursery:
+            for group in groups:
+                nursery.start_soon(run_group, group)
+            if sync_dir:
+                nursery.start_soon(sync_directory)
+        return dir_error
+
+    def _settle(self, job: _FileJob) -> None:
+        log = job.log
+        if job.close or job.error is not None:
+            log._fd = -1  # _run_job closed it
+        if job.error is not None:
+            self._fail(log, job.error)
+            return
+        if job.records:
+            self._records_written += job.records
+            self._bytes_written += len(job.data)
+            log._durable_seq = job.last_seq
+        if job.fsync_s is not None:
+            self._fsyncs += 1
+            self._fsync_durations.append(job.fsync_s)
+        if job.close:
+            self._open.discard(log)
+            log._closed.set()
+
+    def _fail(self, log: SessionLog, error: OSError) -> None:
+        if log.failed is not None:
+            return
+        log.failed = error
+        self._failed_logs += 1
+        if log._fd >= 0:
+            fd, log._fd = log._fd, -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        # A failed log holds no file any more: wait_closed() returns (by raising LogFailed).
+        self._open.discard(log)
+        log._closed.set()
+        if self._on_failure is not None:
+            self._on_failure(log, error)
+
+    async def _close_remaining(self) -> None:
+        """At shutdown: close the files of logs nobody closed (their records are all written)."""
+        await self._execute(
+            [_FileJob(log, log._fd, b"", -1, 0, close=True, fsync=False) for log in self._open]
+        )
+        os.close(self._dir_fd)
+
+    def _shutdown(self) -> None:
+        self._shut_down = True
+        self._send.close()
+
+
+@asynccontextmanager
+async def open_log_writer(
+    log_dir: str | os.PathLike[str],
+    *,
+    fsync: bool = True,
+    inline_io: bool = False,
+    max_queued: int = 4096,
+    io_threads: int = 4,
+    on_failure: Callable[[SessionLog, OSError], None] | None = None,
+) -> AsyncIterator[LogWriter]:
+    """Run a :class:`LogWriter` for the body of the ``async with``; one per process.
+
+    ``fsync=False`` skips fdatasync (tests and benchmarks of the framing only). ``inline_io=True``
+    does the I/O on the event loop instead of in worker threads, for tests under an autojumping
+    ``MockClock`` (which jumps while a thread works). ``on_failure(log, error)`` is called from the
+    writer task when a log fails; it must not raise. On exit everything queued is committed and
+    every file still open is closed; appends after that raise :class:`LogClosed`.
+    """
+    path = Path(log_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    writer = LogWriter(
+        path,
+        fsync=fsync,
+        inline_io=inline_io,
+        max_queued=max_queued,
+        io_threads=io_threads,
+        on_failure=on_failure,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer._run)
+        try:
+            yield writer
+        finally:
+            writer._shutdown()

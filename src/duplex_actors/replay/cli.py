@@ -1,0 +1,202 @@
+"""``duplex-replay PATH``: replay session logs and say whether they reproduce.
+
+Exit status: 0 every log identical (or consistent, for a log without its end record),
+1 a divergence, 2 an unreadable or corrupt log (with its byte offset) or a refused model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import wave
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..log import records as r
+from ..session import events as ev
+from .replayer import ReplayReport, UnreadableLog, header_of, replay_logic, replay_model
+
+LOG_SUFFIX = ".dlog"
+
+
+class Progress:
+    """A one-line progress bar on stderr for long runs (only when stderr is a terminal)."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, enabled: bool | None = None) -> None:
+        self.label = label
+        self.stream = stream
+        self.enabled = stream.isatty() if enabled is None else enabled
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < 0.1:
+            return
+        self._last = now
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\r{self.label} [{bar:<30}] {done}/{total}")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * (len(self.label) + 50) + "\r")
+            self.stream.flush()
+
+
+def _record_json(seq: int, record: r.Record) -> dict[str, Any]:
+    out: dict[str, Any] = {"seq": seq, "kind": r.KIND_NAMES[type(record)]}
+    for name in getattr(record, "__slots__", ()):
+        if name.startswith("__"):
+            continue
+        value = getattr(record, name)
+        if isinstance(value, bytes):
+            out[name] = {"bytes": len(value)}
+        elif isinstance(value, tuple):
+            out[name] = list(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _write_wav(path: Path, pcm16: bytes) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24_000)
+        w.writeframes(pcm16)
+
+
+class EngineCache:
+    """One batch-1 engine per model spec, reused across logs (it is reset per epoch)."""
+
+    def __init__(self, spec: str | None, device: str, force: bool) -> None:
+        self.spec = spec
+        self.device = device
+        self.force = force
+        self._engines: dict[tuple[str, str, str], Any] = {}
+
+    def for_header(self, header: r.Header) -> Any:
+        import torch
+
+        from ..model.factory import open_engine
+
+        spec = self.spec or header.model_id
+        family = (header.engine or {}).get("family")
+        dtype = header.dtype or "float32"
+        key = (spec, family or "", dtype)
+        if key not in self._engines:
+            self._engines[key] = open_engine(
+                spec, slots=1, device=self.device, dtype=getattr(torch, dtype), family=family
+            )
+        engine = self._engines[key]
+        sha = engine.checkpoint.files.lm_sha256()
+        if header.checkpoint_sha256 and sha != header.checkpoint_sha256 and not self.force:
+            raise UnreadableLog(
+                f"the log was recorded with checkpoint {header.checkpoint_sha256[:16]}..., "
+                f"{spec} is {sha[:16]}...; use --force to replay anyway"
+            )
+        return engine
+
+
+def replay_one(path: Path, args: argparse.Namespace, engines: EngineCache | None) -> ReplayReport:
+    progress = Progress(f"{path.name}: logic", enabled=args.progress)
+    report = replay_logic(path, progress=progress)
+    progress.done()
+    if engines is not None:
+        engine = engines.for_header(header_of(report))
+        progress = Progress(f"{path.name}: model", enabled=args.progress)
+        replay_model(report, engine, progress=progress)
+        progress.done()
+    return report
+
+
+def _collect(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix == LOG_SUFFIX and p.is_file())
+    return [path]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="duplex-replay", description=__doc__)
+    parser.add_argument("path", type=Path, help="a session log (.dlog) or a directory of them")
+    parser.add_argument(
+        "--model",
+        nargs="?",
+        const="",
+        default=None,
+        help="also replay at model level: tiny, a checkpoint dir or an HF repo "
+        "(no value: the model id in the log's header)",
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--force", action="store_true", help="replay even if the checkpoint hash differs")
+    parser.add_argument("--emit", type=Path, help="write the outbound event stream as JSON lines")
+    parser.add_argument("--wav", type=Path, help="write the output audio as a 24 kHz WAV")
+    parser.add_argument("--dump", action="store_true", help="print the records as JSON lines")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: on a tty)",
+    )
+    args = parser.parse_args(argv)
+
+    files = _collect(args.path)
+    if not files:
+        print(f"duplex-replay: no {LOG_SUFFIX} files in {args.path}", file=sys.stderr)
+        return 2
+    if len(files) > 1 and (args.emit or args.wav or args.dump):
+        print("duplex-replay: --emit, --wav and --dump take a single log", file=sys.stderr)
+        return 2
+    engines = EngineCache(args.model or None, args.device, args.force) if args.model is not None else None
+    status = 0
+    rows = []
+    started = time.perf_counter()
+    for path in files:
+        try:
+            report = replay_one(path, args, engines)
+        except UnreadableLog as exc:
+            status = 2
+            rows.append((path.name, "-", "-", "-", f"UNREADABLE: {exc}"))
+            if len(files) == 1:
+                print(f"duplex-replay: {exc}", file=sys.stderr)
+            continue
+        if not report.identical:
+            status = max(status, 1)
+        rows.append(
+            (
+                path.name,
+                report.level,
+                str(report.records),
+                f"{report.frames_in}/{report.frames_out}",
+                report.summary(),
+            )
+        )
+        if args.dump:
+            for seq, record in report.records_list:
+                print(json.dumps(_record_json(seq, record)))
+        if args.emit:
+            with open(args.emit, "w") as f:
+                for event in report.events:
+                    f.write(json.dumps(ev.event_to_jsonable(event)) + "\n")
+        if args.wav:
+            _write_wav(args.wav, report.output_pcm16())
+    elapsed = time.perf_counter() - started
+    if len(files) == 1 and not args.dump:
+        name, level, records, frames, summary = rows[0]
+        if level != "-":
+            print(f"{name}: {level} replay, {records} records, frames in/out {frames}: {summary}")
+    elif len(files) > 1:
+        width = max(len(row[0]) for row in rows)
+        print(f"{'log':<{width}}  level  records  frames in/out  result")
+        for name, level, records, frames, summary in rows:
+            print(f"{name:<{width}}  {level:<5}  {records:>7}  {frames:>13}  {summary}")
+        bad = sum(1 for row in rows if not row[4].startswith(("identical", "consistent")))
+        print(f"{len(rows)} logs, {len(rows) - bad} reproduced, {bad} not, in {elapsed:.2f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Replay one session log at the logic level, optionally at the model level too.
+
+*Logic*: re-run the session core over the logged records, with model outputs taken from the
+``step`` records, and check the outbound event digest and the output-audio digest against the
+``end`` record. CPU only, no model, thousands of times faster than real time.
+
+*Model*: re-run the real engine (batch 1) on the logged input frames, with the logged resets,
+and compare every step's text token and audio codes exactly (output PCM within a tolerance)
+with the ``step`` records; the first divergent frame is reported (epoch, frame, expected, got).
+Batch invariance (DESIGN §4.4) is what makes a B=1 replay of a batched session meaningful.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ..log import records as r
+from ..log.segment import LogCorruption, ReadResult, TornTail, read_records
+from ..model.family import detect_family
+from ..session import events as ev
+from ..session.core import Emit, ResetSlot, SessionCore, SessionLimits, SubmitFrame
+
+PCM16_TOLERANCE = 64  # LSBs: output PCM may differ slightly across devices; codes may not
+
+
+class UnreadableLog(Exception):
+    """Not a session log, or a corrupt one (a bad record followed by valid ones)."""
+
+
+@attrs.frozen(slots=True)
+class Divergence:
+    epoch: int
+    frame_index: int
+    what: str
+    expected: Any
+    got: Any
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch} frame {self.frame_index}: {self.what} expected {self.expected}, got {self.got}"
+
+
+@attrs.define(slots=True)
+class ReplayReport:
+    path: Path
+    level: str = "logic"
+    session_id: str = ""
+    records: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    steps_compared: int = 0
+    complete: bool = False  # the log has its end record
+    torn_tail: TornTail | None = None
+    digest_mismatch: str | None = None
+    divergence: Divergence | None = None
+    events: list[ev.SessionEvent] = attrs.field(factory=list, repr=False)
+    records_list: list[tuple[int, r.Record]] = attrs.field(factory=list, repr=False)
+
+    @property
+    def identical(self) -> bool:
+        return self.digest_mismatch is None and self.divergence is None
+
+    def output_pcm16(self) -> bytes:
+        return b"".join(e.pcm16 for e in self.events if isinstance(e, ev.AudioFrame))
+
+    def summary(self) -> str:
+        if self.divergence is not None:
+            return f"DIVERGED at {self.divergence}"
+        if self.digest_mismatch is not None:
+            return f"DIVERGED: {self.digest_mismatch}"
+        notes = []
+        if self.torn_tail is not None:
+            notes.append(
+                f"torn tail at byte {self.torn_tail.offset} ({self.torn_tail.dropped_bytes} bytes dropped)"
+            )
+        if not self.complete:
+            notes.append("no end record (the session did not finish): replayed what was logged")
+        status = "identical" if self.complete else "consistent"
+        return status + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def read_log_file(path: Path) -> ReadResult:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UnreadableLog(f"{path}: {exc}") from exc
+    try:
+        return read_records(data)
+    except LogCorruption as exc:
+        raise UnreadableLog(f"{path}: corrupt log: {exc}") from exc
+
+
+def _core_for(header: r.Header) -> SessionCore:
+    engine = header.engine or {}
+    policy = detect_family(list(engine.get("voices", [])), engine.get("family"))
+    limits = engine.get("limits", {})
+    return SessionCore(
+        header.session_id,
+        policy,
+        SessionLimits(**limits) if limits else SessionLimits(),
+    )
+
+
+def replay_logic(
+    path: Path, *, progress: Callable[[int, int], None] | None = None, keep_events: bool = True
+) -> ReplayReport:
+    result = read_log_file(path)
+    report = ReplayReport(path=path, torn_tail=result.torn_tail, records_list=result.records)
+    records = result.records
+    if not records or not isinstance(records[0][1], r.Header):
+        raise UnreadableLog(f"{path}: does not start with a header record")
+    header = records[0][1]
+    report.session_id = header.session_id
+    core = _core_for(header)
+    end: r.End | None = None
+    for i, (_, record) in enumerate(records):
+        if isinstance(record, r.End):
+            end = record
+            continue
+        for effect in core.apply(record):
+            if keep_events and isinstance(effect, Emit):
+                report.events.append(effect.event)
+        if progress is not None and i % 256 == 0:
+            progress(i, len(records))
+    report.records = len(records)
+    report.frames_in = core.frames_in
+    report.frames_out = core.frames_out
+    if end is not None:
+        report.complete = True
+        got = core.digests()
+        for name in ("events", "frames_out", "events_sha256", "audio_sha256"):
+            if getattr(got, name) != getattr(end, name):
+                report.digest_mismatch = (
+                    f"{name}: log says {getattr(end, name)}, replay gives {getattr(got, name)}"
+                )
+                break
+    return report
+
+
+def logged_inputs(records: list[tuple[int, r.Record]]) -> Iterator[tuple[str, Any]]:
+    """The model's view of a session, in log order: ('reset', epoch, prompt) as the core asked
+    for them, and ('step', Step record, input frame)."""
+    header = records[0][1]
+    assert isinstance(header, r.Header)
+    core = _core_for(header)
+    frames: dict[int, npt.NDArray[np.float32]] = {}
+    for _, record in records:
+        if isinstance(record, r.End):
+            continue
+        if isinstance(record, r.Step):
+            yield ("step", (record, frames.pop(record.frame_index)))
+        for effect in core.apply(record):
+            if isinstance(effect, SubmitFrame):
+                frames[effect.frame_index] = effect.samples
+            elif isinstance(effect, ResetSlot):
+                yield ("reset", (effect.epoch, effect.prompt))
+
+
+def replay_model(
+    report: ReplayReport,
+    engine: Any,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayReport:
+    """Re-run ``engine`` (slot 0) on the logged inputs; fills ``report.divergence``."""
+    from ..session.audio import float_to_pcm16
+
+    report.level = "model"
+    requested: dict[int, Any] = {}
+    engine_epoch: int | None = None
+    total = sum(1 for _, rec in report.records_list if isinstance(rec, r.Step))
+    done = 0
+    for kind, payload in logged_inputs(report.records_list):
+        if kind == "reset":
+            epoch, prompt = payload
+            requested[epoch] = prompt
+            continue
+        step, frame = payload
+        if step.epoch != engine_epoch:
+            engine.reset(0, requested[step.epoch])
+            engine_epoch = step.epoch
+        out = engine.step({0: frame})[0]
+        done += 1
+        report.steps_compared = done
+        for what, expected, got in (
+            ("ready", step.ready, out.ready),
+            ("text token", step.text_token, out.text_token),
+            ("agent codes", tuple(step.agent_codes), tuple(out.agent_codes)),
+            ("user codes", tuple(step.user_codes), tuple(out.user_codes)),
+        ):
+            if expected != got:
+                report.divergence = Divergence(step.epoch, step.frame_index, what, expected, got)
+                return report
+        pcm = np.frombuffer(float_to_pcm16(out.pcm), dtype="<i2").astype(np.int32)
+        logged = np.frombuffer(step.pcm16, dtype="<i2").astype(np.int32)
+        err = int(np.abs(pcm - logged).max()) if len(pcm) else 0
+        if err > PCM16_TOLERANCE:
+            report.divergence = Divergence(
+                step.epoch, step.frame_index, "output PCM (max |diff| in LSB)", f"<= {PCM16_TOLERANCE}", err
+            )
+            return report
+        if progress is not None and done % 16 == 0:
+            progress(done, total)
+    return report
+
+
+def header_of(report: ReplayReport) -> r.Header:
+    header = report.records_list[0][1]
+    assert isinstance(header, r.Header)
+    return header

@@ -1,0 +1,257 @@
+"""The scheduler actor: exactly one per process; owns the engine and its B slots.
+
+Admission is a free slot (else ``ResourceExhausted``); a session holds its slot for life and
+the slot is freed only after the engine has reset it. Tick policy: step as soon as every
+active slot has a frame ready, or ``max_batch_wait_ms`` after the oldest pending frame; at most
+one frame per slot per step; slots without a frame do not advance. Resets (new session, new
+epoch) are applied between steps, before the slot's next frame; a prompt the engine has not
+seen is prepared in a worker thread first so that one new persona never stalls the batch.
+Results are routed by the (occupant, epoch) captured before the step. The scheduler never
+awaits a session: results go out with ``deliver_nowait``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from ..model.engine import FRAME_MS, ModelEngine, StepOutput
+from .clock import REAL_TIME, Clock
+from .slots import Occupant, QueuedFrame, Slot, SlotTable
+
+log = logging.getLogger(__name__)
+
+# Step-duration histogram buckets (seconds), aligned to the 80 ms frame budget.
+STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf"))
+
+
+class ResourceExhausted(Exception):
+    code = "resource_exhausted"
+
+
+class SchedulerFailed(Exception):
+    code = "internal_error"
+
+
+@attrs.frozen(slots=True, eq=False)
+class StepResult:
+    epoch: int
+    frame_index: int
+    output: StepOutput
+
+
+@attrs.frozen(slots=True)
+class SchedulerStatistics:
+    slots_total: int
+    slots_in_use: int
+    ticks: int
+    frames_stepped: int
+    step_seconds_sum: float
+    step_seconds_buckets: tuple[tuple[float, int], ...]  # (upper bound, cumulative count)
+    batch_sizes: tuple[tuple[int, int], ...]  # (batch size, ticks)
+    late_frames: int  # waited longer than one frame (80 ms) between submit and step
+    dropped_frames: tuple[tuple[str, int], ...]  # (reason, frames)
+    resets: int
+    failed: bool
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: ModelEngine,
+        *,
+        clock: Clock = REAL_TIME,
+        max_batch_wait_ms: float = 20.0,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.max_batch_wait = max_batch_wait_ms / 1000
+        self.table = SlotTable(engine.slots)
+        self._wake = trio.Event()
+        self._released: dict[int, trio.Event] = {}
+        self._ready_resets: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        self.failed: BaseException | None = None
+        # statistics
+        self._ticks = 0
+        self._frames = 0
+        self._step_sum = 0.0
+        self._step_hist = [0] * len(STEP_BUCKETS)
+        self._batch_sizes: Counter[int] = Counter()
+        self._late = 0
+        self._dropped: Counter[str] = Counter()
+        self._resets = 0
+
+    # -- the API sessions use (never blocks) ------------------------------------------------------
+    def admit(self, occupant: Occupant) -> int:
+        if self.failed is not None:
+            raise SchedulerFailed(f"the model scheduler failed: {self.failed}")
+        slot = self.table.acquire(occupant)
+        if slot is None:
+            raise ResourceExhausted(f"all {self.engine.slots} sessions are in use; try again later")
+        return slot.index
+
+    def submit_nowait(self, slot: int, frame_index: int, samples: npt.NDArray[np.float32]) -> None:
+        entry = self.table.slots[slot]
+        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now()))
+        self._wake.set()
+
+    def request_reset(self, slot: int, epoch: int, prompt: Any) -> None:
+        """Fresh, prefilled context for ``epoch``; queued frames are carried into it."""
+        entry = self.table.slots[slot]
+        entry.pending_reset = (epoch, prompt)
+        self._ready_resets.discard(slot)
+        prepare = getattr(self.engine, "prepare", None)
+        if self.clock.virtual or prepare is None or self._nursery is None:
+            self._ready_resets.add(slot)
+            self._wake.set()
+            return
+        self._nursery.start_soon(self._prepare, slot, entry.pending_reset, prepare)
+
+    async def _prepare(self, slot: int, request: tuple[int, Any], prepare: Any) -> None:
+        try:
+            await trio.to_thread.run_sync(prepare, request[1])
+        except Exception:  # surfaced when the reset itself runs
+            log.exception("preparing a prompt failed")
+        if self.table.slots[slot].pending_reset is request:
+            self._ready_resets.add(slot)
+            self._wake.set()
+
+    async def release(self, slot: int) -> None:
+        """Reset the slot's model state, then free it; returns once it is free."""
+        entry = self.table.slots[slot]
+        done = self._released.setdefault(slot, trio.Event())
+        entry.releasing = True
+        self._wake.set()
+        if self.failed is not None:
+            self._free(entry)
+        await done.wait()
+
+    def statistics(self) -> SchedulerStatistics:
+        cumulative, running = [], 0
+        for bound, count in zip(STEP_BUCKETS, self._step_hist, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        return SchedulerStatistics(
+            slots_total=self.engine.slots,
+            slots_in_use=self.table.in_use,
+            ticks=self._ticks,
+            frames_stepped=self._frames,
+            step_seconds_sum=self._step_sum,
+            step_seconds_buckets=tuple(cumulative),
+            batch_sizes=tuple(sorted(self._batch_sizes.items())),
+            late_frames=self._late,
+            dropped_frames=tuple(sorted(self._dropped.items())),
+            resets=self._resets,
+            failed=self.failed is not None,
+        )
+
+    # -- the tick loop ---------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                while True:
+                    await self._wait_for_work()
+                    await self._apply_resets()
+                    await self._step_once()
+            except BaseException as exc:
+                self.failed = exc
+                for entry in self.table.slots:  # nobody waits forever on a dead scheduler
+                    if entry.releasing:
+                        self._free(entry)
+                raise
+            finally:
+                nursery.cancel_scope.cancel()
+
+    def _steppable(self, entry: Slot) -> bool:
+        return entry.active and (entry.pending_reset is None or entry.index in self._ready_resets)
+
+    def _needs_admin(self) -> bool:
+        return any(
+            e.releasing or (e.pending_reset is not None and e.index in self._ready_resets)
+            for e in self.table.slots
+        )
+
+    async def _wait_for_work(self) -> None:
+        while True:
+            if self._needs_admin():
+                return
+            steppable = [e for e in self.table.slots if self._steppable(e)]
+            waiting = [e for e in steppable if e.frames]
+            if waiting:
+                if len(waiting) == len(steppable):
+                    return
+                deadline = min(e.frames[0].submitted_at for e in waiting) + self.max_batch_wait
+                if self.clock.now() >= deadline:
+                    return
+                with trio.move_on_at(deadline):
+                    await self._wake.wait()
+            else:
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _apply_resets(self) -> None:
+        for entry in self.table.slots:
+            request = entry.pending_reset
+            if request is not None and entry.index in self._ready_resets and not entry.releasing:
+                epoch, prompt = request
+                await self.clock.run(partial(self.engine.reset, entry.index, prompt))
+                entry.epoch, entry.prompt = epoch, prompt
+                if entry.pending_reset is request:
+                    entry.pending_reset = None
+                    self._ready_resets.discard(entry.index)
+                self._resets += 1
+            if entry.releasing:
+                if entry.prompt is not None:
+                    await self.clock.run(partial(self.engine.reset, entry.index, entry.prompt))
+                    self._resets += 1
+                dropped = len(entry.frames)
+                if dropped:
+                    self._dropped["session_closed"] += dropped
+                self._free(entry)
+
+    def _free(self, entry: Slot) -> None:
+        self._ready_resets.discard(entry.index)
+        self.table.free_slot(entry)
+        done = self._released.pop(entry.index, None)
+        if done is not None:
+            done.set()
+
+    async def _step_once(self) -> None:
+        batch: dict[int, npt.NDArray[np.float32]] = {}
+        routes: list[tuple[int, Occupant, int, int]] = []
+        now = self.clock.now()
+        for entry in self.table.slots:
+            if not self._steppable(entry) or not entry.frames:
+                continue
+            frame = entry.frames.popleft()
+            assert entry.occupant is not None
+            batch[entry.index] = frame.samples
+            routes.append((entry.index, entry.occupant, entry.epoch, frame.frame_index))
+            if now - frame.submitted_at > FRAME_MS / 1000:
+                self._late += 1
+        if not batch:
+            return
+        started = self.clock.now()
+        outputs: Mapping[int, StepOutput] = await self.clock.run(lambda: self.engine.step(batch))
+        elapsed = self.clock.now() - started
+        self._ticks += 1
+        self._frames += len(batch)
+        self._step_sum += elapsed
+        self._batch_sizes[len(batch)] += 1
+        for i, bound in enumerate(STEP_BUCKETS):
+            if elapsed <= bound:
+                self._step_hist[i] += 1
+                break
+        for index, occupant, epoch, frame_index in routes:
+            occupant.deliver_nowait(StepResult(epoch, frame_index, outputs[index]))

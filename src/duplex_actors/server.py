@@ -1,0 +1,303 @@
+"""The in-process API: a duplex server without a network, used by the app, tests and replay.
+
+::
+
+    async with open_duplex_server(engine, log_dir="sessions") as server:
+        session = await server.open_session({"voice": "NATF2.pt"})
+        await session.append(samples)            # float32 mono 24 kHz, any length
+        async for event in session.events():     # dialect-neutral session events
+            ...
+        await session.close()
+
+One scheduler actor owns the engine; one session actor per session; one log writer. Every
+session is logged to ``<log_dir>/<session_id>.dlog`` and finishes with ``close`` and ``end``
+records, whatever ended it.
+"""
+
+from __future__ import annotations
+
+import platform
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from . import __version__
+from .log import records as r
+from .log.writer import LogWriter, open_log_writer
+from .scheduler.actor import ResourceExhausted, Scheduler
+from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
+from .session import events as ev
+from .session.actor import SessionActor
+from .session.audio import encode_f32
+from .session.core import PromptPolicy, SessionCore, SessionLimits
+
+__all__ = ["DuplexServer", "LogUnavailable", "ResourceExhausted", "SessionHandle", "open_duplex_server"]
+
+
+class LogUnavailable(Exception):
+    code = "log_unavailable"
+
+
+def new_session_id() -> str:
+    """Random and unique across restarts: ``sess_`` + 24 hex digits."""
+    return "sess_" + secrets.token_hex(12)
+
+
+class SessionHandle:
+    """A client's view of one session: commands in, events out."""
+
+    def __init__(self, actor: SessionActor, events: trio.MemoryReceiveChannel[ev.SessionEvent]) -> None:
+        self._actor = actor
+        self._events = events
+
+    @property
+    def session_id(self) -> str:
+        return self._actor.session_id
+
+    @property
+    def slot(self) -> int:
+        return self._actor.slot
+
+    @property
+    def core(self) -> SessionCore:
+        return self._actor.core
+
+    @property
+    def closed(self) -> bool:
+        return self._actor.done.is_set()
+
+    async def _send(self, record: r.Record) -> None:
+        try:
+            await self._actor.send(record)
+        except trio.ClosedResourceError:
+            raise trio.ClosedResourceError(f"session {self.session_id} has ended") from None
+
+    async def append(self, samples: npt.NDArray[np.float32], *, client_event_id: str | None = None) -> None:
+        """Float32 samples in [-1, 1], mono 24 kHz, any length (empty is refused by the core)."""
+        await self._send(
+            r.Append(encode_f32(np.asarray(samples, dtype=np.float32)), "pcm_f32le", client_event_id)
+        )
+
+    async def append_bytes(
+        self, audio: bytes, format: str = "pcm16", *, client_event_id: str | None = None
+    ) -> None:
+        await self._send(r.Append(audio, format, client_event_id))
+
+    async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
+        await self._send(r.Update(dict(config), client_event_id))
+
+    async def cancel(self, *, client_event_id: str | None = None) -> None:
+        await self._send(r.Cancel(client_event_id))
+
+    async def clear_input(self, *, client_event_id: str | None = None) -> None:
+        await self._send(r.ClearInput(client_event_id))
+
+    async def clear_output(self, *, client_event_id: str | None = None) -> None:
+        await self._send(r.ClearOutput(client_event_id))
+
+    async def heartbeat(self, *, client_event_id: str | None = None) -> None:
+        await self._send(r.Heartbeat(client_event_id))
+
+    async def playback_ack(
+        self, payload: Mapping[str, Any] | None = None, *, client_event_id: str | None = None
+    ) -> None:
+        await self._send(r.PlaybackAck(dict(payload or {}), client_event_id))
+
+    async def reject(
+        self, event_type: str, code: str, message: str, client_event_id: str | None = None
+    ) -> None:
+        """Record an inbound event that failed validation; the client gets the error event."""
+        await self._send(r.Rejected(event_type, code, message, client_event_id))
+
+    async def close(self, reason: str = "client_close") -> None:
+        """Ask the session to close and wait until its log is finished and its slot freed."""
+        if not self.closed:
+            try:
+                await self._actor.send(r.Close(reason))
+            except trio.ClosedResourceError:
+                pass
+        await self._actor.done.wait()
+
+    async def disconnect(self) -> None:
+        """The client went away without closing (its socket dropped)."""
+        await self.close("disconnect")
+
+    def events(self) -> trio.MemoryReceiveChannel[ev.SessionEvent]:
+        """The session's events, ending after ``SessionClosed``."""
+        return self._events
+
+    async def wait_closed(self) -> None:
+        await self._actor.done.wait()
+
+
+class DuplexServer:
+    def __init__(
+        self,
+        engine: Any,
+        scheduler: Scheduler,
+        writer: LogWriter,
+        nursery: trio.Nursery,
+        *,
+        policy: PromptPolicy,
+        limits: SessionLimits,
+        outbox_size: int,
+        header_info: Mapping[str, Any],
+    ) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.writer = writer
+        self.policy = policy
+        self.limits = limits
+        self.outbox_size = outbox_size
+        self.header_info = dict(header_info)
+        self._nursery = nursery
+        self.sessions: dict[str, SessionActor] = {}
+        self.accepting = True
+
+    async def open_session(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        dialect: str = "inprocess",
+        output: Mapping[str, Any] | None = None,
+    ) -> SessionHandle:
+        """Admit a session (a free slot, else ``ResourceExhausted``: no log is written) and open it."""
+        if not self.accepting:
+            raise ResourceExhausted("the server is shutting down")
+        if not self.writer.healthy:
+            raise LogUnavailable("a session log could not be written; not admitting sessions")
+        session_id = new_session_id()
+        config = dict(config or {})
+        core = SessionCore(session_id, self.policy, self.limits)
+        send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
+        placeholder = _Pending()
+        slot = self.scheduler.admit(placeholder)
+        try:
+            session_log = self.writer.create(session_id)
+        except Exception:
+            self.scheduler.table.free_slot(self.scheduler.table.slots[slot])
+            raise
+        actor = SessionActor(core, slot=slot, scheduler=self.scheduler, session_log=session_log, outbox=send)
+        self.scheduler.table.slots[slot].occupant = actor
+        self.sessions[session_id] = actor
+        header = r.Header(
+            format_version=r.FORMAT_VERSION,
+            session_id=session_id,
+            model_id=str(self.header_info.get("model_id", "")),
+            checkpoint_sha256=str(self.header_info.get("checkpoint_sha256", "")),
+            dtype=str(self.header_info.get("dtype", "")),
+            engine={
+                **self.header_info.get("engine", {}),
+                "limits": {"max_buffered_samples": self.limits.max_buffered_samples},
+            },
+            sampling={
+                k: config[k]
+                for k in ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
+                if k in config
+            },
+            dialect=dialect,
+            output=dict(output or {}),
+            package_version=__version__,
+            created_at=time.time(),
+        )
+        await actor.send(header)
+        await actor.send(r.Open(config))
+        self._nursery.start_soon(self._run_session, actor)
+        return SessionHandle(actor, receive)
+
+    async def _run_session(self, actor: SessionActor) -> None:
+        try:
+            await actor.run()
+        finally:
+            self.sessions.pop(actor.session_id, None)
+
+    async def aclose(self, reason: str = "server_shutdown") -> None:
+        """Stop admitting, close every session with ``reason``, wait for their logs."""
+        self.accepting = False
+        actors = list(self.sessions.values())
+        for actor in actors:
+            if not actor.done.is_set():
+                try:
+                    actor.inbox.put_result_nowait(r.Close(reason))
+                except trio.ClosedResourceError:
+                    pass
+        for actor in actors:
+            await actor.done.wait()
+
+
+class _Pending:
+    """Holds a slot between admission and the actor's creation; receives nothing."""
+
+    def deliver_nowait(self, result: Any) -> None:
+        raise AssertionError("a step result for a session that is not open yet")
+
+
+def header_info_for(engine: Any) -> dict[str, Any]:
+    """What the log header records about the model (checkpoint hash computed once)."""
+    info: dict[str, Any] = {"model_id": getattr(engine, "model_id", type(engine).__name__)}
+    checkpoint = getattr(engine, "checkpoint", None)
+    if checkpoint is not None:
+        info["checkpoint_sha256"] = checkpoint.files.lm_sha256()
+        info["dtype"] = str(checkpoint.dtype).removeprefix("torch.")
+        info["engine"] = {
+            "slots": engine.slots,
+            "family": engine.family.name,
+            "voices": list(engine.family.voices),
+            "prefill": getattr(engine, "_prefill_mode", "snapshot"),
+            "device": str(checkpoint.device),
+            "machine": platform.machine(),
+        }
+    return info
+
+
+@asynccontextmanager
+async def open_duplex_server(
+    engine: Any,
+    *,
+    log_dir: str | Path = "sessions",
+    virtual_time: bool = False,
+    clock: Clock | None = None,
+    max_batch_wait_ms: float = 20.0,
+    limits: SessionLimits | None = None,
+    outbox_size: int = 4096,
+    fsync: bool = True,
+    policy: PromptPolicy | None = None,
+) -> AsyncIterator[DuplexServer]:
+    """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
+
+    ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
+    and log I/O inline instead of in worker threads.
+    """
+    clock = clock or (VIRTUAL_TIME if virtual_time else REAL_TIME)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    info = (
+        header_info_for(engine) if clock.virtual else await trio.to_thread.run_sync(header_info_for, engine)
+    )
+    async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
+        async with trio.open_nursery() as nursery:
+            scheduler = Scheduler(engine, clock=clock, max_batch_wait_ms=max_batch_wait_ms)
+            await nursery.start(scheduler.run)
+            server = DuplexServer(
+                engine,
+                scheduler,
+                writer,
+                nursery,
+                policy=policy or engine.family,
+                limits=limits or SessionLimits(),
+                outbox_size=outbox_size,
+                header_info=info,
+            )
+            try:
+                yield server
+            finally:
+                with trio.CancelScope(shield=True):
+                    await server.aclose()
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,156 @@
+"""The session actor: one Trio task per session, a thin shell around the session core.
+
+For each item of its inbox (a client command or a step result) it builds the log record,
+appends it to the session log *first*, applies it to the core, then carries out the effects:
+submit frames and resets to the scheduler (never blocking), emit events to a bounded outbox
+(never blocking: a consumer that falls behind by ``outbox_size`` events is closed with
+``slow_consumer``), and release the slot on close. It never awaits a socket or the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import trio
+
+from ..log import records as r
+from . import events as ev
+from .audio import float_to_pcm16
+from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, SubmitFrame
+from .inbox import Inbox
+
+log = logging.getLogger(__name__)
+
+
+class SessionLogHandle(Protocol):
+    def append_nowait(self, record: Any) -> object: ...
+    def close_nowait(self) -> None: ...
+    async def wait_closed(self) -> None: ...
+
+
+class SchedulerHandle(Protocol):
+    def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None: ...
+    def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
+    async def release(self, slot: int) -> None: ...
+
+
+class SessionActor:
+    def __init__(
+        self,
+        core: SessionCore,
+        *,
+        slot: int,
+        scheduler: SchedulerHandle,
+        session_log: SessionLogHandle,
+        outbox: trio.MemorySendChannel[ev.SessionEvent],
+        max_commands: int = 256,
+    ) -> None:
+        self.core = core
+        self.slot = slot
+        self.scheduler = scheduler
+        self.log = session_log
+        self.outbox = outbox
+        self.inbox: Inbox[r.Record] = Inbox(max_commands)
+        self.done = trio.Event()
+        self.close_reason: str | None = None
+        self.log_error: BaseException | None = None
+        self._consumer_gone = False
+        self._released = False
+
+    @property
+    def session_id(self) -> str:
+        return self.core.session_id
+
+    # -- the Occupant interface of the scheduler -------------------------------------------------
+    def deliver_nowait(self, result: Any) -> None:
+        out = result.output
+        self.inbox.put_result_nowait(
+            r.Step(
+                epoch=result.epoch,
+                frame_index=result.frame_index,
+                ready=out.ready,
+                text_token=out.text_token,
+                text_piece=out.text_piece,
+                agent_codes=tuple(out.agent_codes),
+                user_codes=tuple(out.user_codes),
+                pcm16=float_to_pcm16(out.pcm),
+            )
+        )
+
+    async def send(self, record: r.Record) -> None:
+        """A client command, in order; waits while too many commands are queued."""
+        await self.inbox.put_command(record)
+
+    # -- the actor ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            while not self.core.closed:
+                record = await self.inbox.get()
+                await self._handle(record)
+        except BaseException:
+            # Cancelled (server teardown) or a bug: still finish the log and free the slot.
+            with trio.CancelScope(shield=True):
+                if not self.core.closed:
+                    await self._handle(r.Close("error"))
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._finish()
+
+    async def _handle(self, record: r.Record) -> None:
+        if self.log_error is None:
+            try:
+                self.log.append_nowait(record)
+            except Exception as exc:  # the log cannot be written: end the session, say why
+                self.log_error = exc
+                log.error("session %s: log unavailable: %s", self.session_id, exc)
+                self._send(ev.Error("log_unavailable", f"the session log cannot be written: {exc}"))
+                if not isinstance(record, r.Close):
+                    record = r.Close("log_unavailable")
+        for effect in self.core.apply(record):
+            if isinstance(effect, Emit):
+                self._send(effect.event)
+            elif isinstance(effect, SubmitFrame):
+                self.scheduler.submit_nowait(self.slot, effect.frame_index, effect.samples)
+            elif isinstance(effect, ResetSlot):
+                self.scheduler.request_reset(self.slot, effect.epoch, effect.prompt)
+            elif isinstance(effect, ReleaseSlot):
+                await self._release()
+        if self.core.closed and self.close_reason is None and isinstance(record, r.Close):
+            self.close_reason = record.reason
+        if self.log_error is not None and not self.core.closed:
+            await self._handle(r.Close("log_unavailable"))
+
+    def _send(self, event: ev.SessionEvent) -> None:
+        if self._consumer_gone:
+            return
+        try:
+            self.outbox.send_nowait(event)
+        except trio.WouldBlock:
+            self._consumer_gone = True
+            log.warning("session %s: consumer too slow, closing", self.session_id)
+            self.inbox.put_result_nowait(r.Close("slow_consumer"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._consumer_gone = True
+
+    async def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            await self.scheduler.release(self.slot)
+
+    async def _finish(self) -> None:
+        try:
+            await self._release()
+            if self.log_error is None:
+                try:
+                    self.log.append_nowait(self.core.digests())
+                    self.log.close_nowait()
+                    await self.log.wait_closed()
+                except Exception as exc:
+                    self.log_error = exc
+                    log.error("session %s: finishing the log failed: %s", self.session_id, exc)
+        finally:
+            self.inbox.close()
+            self.outbox.close()
+            self.done.set()

@@ -1,0 +1,339 @@
+"""The session core: a pure state machine over session log records (sans-io, no trio).
+
+``SessionCore.apply(record) -> list[Effect]`` is the only way its state changes, and its only
+input is the log, so the log alone determines every event a session ever emitted (DESIGN §2).
+Like h11's ``Connection`` it is an object that mutates itself rather than returning a new
+state; it never performs I/O, reads a clock or draws random numbers.
+
+It owns: the session config and its validation (voice/persona changeable until the first
+frame is submitted to the model, then only the same value); fixed-frame input buffering (any
+chunk size in, every whole 1920-sample frame drained, partial tail kept, buffered input
+bounded); epochs (cancel and output-buffer clear end the response and start a fresh, prefilled
+context; frames already drained but not yet stepped are carried into the new epoch; input
+clear drops the partial frame only); the response lifecycle (one response per epoch, opened at
+the epoch's first output frame); and the ordered stream of dialect-neutral events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ..log import records as r
+from . import events as ev
+from .audio import AudioError, decode, float_to_pcm16
+
+FRAME_SAMPLES = 1920
+SAMPLE_RATE = 24_000
+SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
+# Session config keys that pick the prompt; everything else is echoed back unchanged.
+PROMPT_KEYS = ("voice", "instructions")
+SAMPLING_KEYS = ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
+
+
+class PromptPolicy(Protocol):
+    """The model family's validation (``duplex_actors.model.family.ModelFamily``)."""
+
+    def session_prompt(
+        self,
+        *,
+        voice: str | None = None,
+        persona: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Any: ...
+
+
+@attrs.frozen(slots=True)
+class SessionLimits:
+    """``max_buffered_samples``: input received but not yet stepped (partial tail plus frames
+    waiting for the scheduler); default 16 MiB of float32, never less than 10 s."""
+
+    max_buffered_samples: int = 16 * 1024 * 1024 // 4
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_buffered_samples < 10 * SAMPLE_RATE:
+            raise ValueError("max_buffered_samples must hold at least 10 s of audio")
+
+
+# -- effects -----------------------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class Emit:
+    event: ev.SessionEvent
+
+
+@attrs.frozen(slots=True, eq=False)
+class SubmitFrame:
+    frame_index: int
+    samples: npt.NDArray[np.float32]
+
+
+@attrs.frozen(slots=True)
+class ResetSlot:
+    """Give the slot a fresh context for ``epoch``, prefilled for ``prompt``."""
+
+    epoch: int
+    prompt: Any
+
+
+@attrs.frozen(slots=True)
+class ReleaseSlot:
+    pass
+
+
+Effect = Emit | SubmitFrame | ResetSlot | ReleaseSlot
+
+
+class SessionCore:
+    def __init__(self, session_id: str, policy: PromptPolicy, limits: SessionLimits | None = None) -> None:
+        self.session_id = session_id
+        self.policy = policy
+        self.limits = limits or SessionLimits()
+        self.opened = False
+        self.closed = False
+        self.config: dict[str, Any] = {}
+        self.prompt: Any = None
+        self.epoch = 0
+        self.frames_in = 0  # whole input frames drained (= next frame index)
+        self.frames_stepped = 0  # step results received, any epoch
+        self.frames_out = 0  # output frames emitted
+        self._tail: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        self._response: tuple[str, str] | None = None  # (response_id, item_id) of this epoch
+        self._response_frames = 0
+        self._transcript: list[str] = []
+        self._speech_started = False
+        self._events = hashlib.sha256()
+        self._audio = hashlib.sha256()
+        self.events_emitted = 0
+
+    # -- derived state ------------------------------------------------------------------------
+    @property
+    def frames_pending(self) -> int:
+        """Frames submitted to the scheduler whose step result has not come back."""
+        return self.frames_in - self.frames_stepped
+
+    @property
+    def buffered_samples(self) -> int:
+        return len(self._tail) + self.frames_pending * FRAME_SAMPLES
+
+    @property
+    def response_active(self) -> bool:
+        return self._response is not None
+
+    @property
+    def locked(self) -> bool:
+        """Voice and persona are fixed once the first frame has gone to the model."""
+        return self.frames_in > 0
+
+    def digests(self) -> r.End:
+        return r.End(
+            events_sha256=self._events.hexdigest(),
+            audio_sha256=self._audio.hexdigest(),
+            events=self.events_emitted,
+            frames_out=self.frames_out,
+        )
+
+    def _id(self, kind: str, epoch: int) -> str:
+        return f"{kind}_{self.session_id.removeprefix('sess_')}_{epoch}"
+
+    # -- the state machine ---------------------------------------------------------------------
+    def apply(self, record: r.Record) -> list[Effect]:
+        if self.closed:
+            return []  # e.g. a step result that raced the close: nothing follows session.closed
+        out: list[Effect] = []
+        match record:
+            case r.Header():
+                if record.session_id != self.session_id:
+                    raise ValueError(f"log of {record.session_id}, core of {self.session_id}")
+            case r.Open():
+                self._open(record, out)
+            case r.Update():
+                self._update(record, out)
+            case r.Append():
+                self._append(record, out)
+            case r.ClearInput():
+                self._tail = np.zeros(0, dtype=np.float32)
+                self._emit(out, ev.InputCleared(record.client_event_id))
+            case r.ClearOutput():
+                if self._response is None:
+                    self._emit(out, ev.OutputCleared(record.client_event_id))
+                else:
+                    self._new_epoch(out, "output_audio_buffer_clear", audio_cleared=True)
+            case r.Cancel():
+                if self._response is None:
+                    self._error(
+                        out, "response_cancel_not_active", "no response is active", record.client_event_id
+                    )
+                else:
+                    self._new_epoch(out, "client_cancelled", audio_cleared=False)
+            case r.Heartbeat():
+                self._emit(out, ev.HeartbeatAck(record.client_event_id))
+            case r.PlaybackAck():
+                self._emit(out, ev.PlaybackAcknowledged(dict(record.payload), record.client_event_id))
+            case r.Step():
+                self._step(record, out)
+            case r.Rejected():
+                self._error(out, record.code, record.message, record.client_event_id)
+            case r.Close():
+                self._end_response(out, "session_closed", audio_cleared=False)
+                out.append(ReleaseSlot())  # session.closed goes out once the slot is reset
+                self._emit(out, ev.SessionClosed(self.session_id, record.reason))
+                self.closed = True
+            case r.End():
+                pass
+        return out
+
+    def _emit(self, out: list[Effect], event: ev.SessionEvent) -> None:
+        self._events.update(ev.canonical_bytes(event))
+        self.events_emitted += 1
+        out.append(Emit(event))
+
+    def _error(self, out: list[Effect], code: str, message: str, client_event_id: str | None) -> None:
+        self._emit(out, ev.Error(code=code, message=message, client_event_id=client_event_id))
+
+    def _validated(self, config: Mapping[str, Any]) -> Any:
+        sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
+        extra = config.get("extra_body")
+        return self.policy.session_prompt(
+            voice=config.get("voice"),
+            persona=config.get("instructions"),
+            sampling=sampling,
+            extra=extra if isinstance(extra, Mapping) else None,
+        )
+
+    def _effective(self, config: Mapping[str, Any], prompt: Any) -> dict[str, Any]:
+        effective = dict(config)
+        effective["voice"] = prompt.voice
+        effective["instructions"] = prompt.persona
+        return effective
+
+    def _open(self, record: r.Open, out: list[Effect]) -> None:
+        if self.opened:
+            return
+        self.opened = True
+        try:
+            prompt = self._validated(record.config)
+            config = record.config
+        except Exception as exc:  # a bad open config: open with defaults and say why
+            prompt = self._validated({})
+            config = {}
+            self._error(out, getattr(exc, "code", "invalid_value"), str(exc), None)
+        self.prompt = prompt
+        self.config = self._effective(config, prompt)
+        self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
+        self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
+        out.append(ResetSlot(self.epoch, prompt))
+
+    def _update(self, record: r.Update, out: list[Effect]) -> None:
+        merged = {**self.config, **record.config}
+        if "voice" not in record.config and self.config.get("voice") is not None:
+            merged["voice"] = self.config["voice"]
+        try:
+            prompt = self._validated(merged)
+        except Exception as exc:
+            self._error(out, getattr(exc, "code", "invalid_value"), str(exc), record.client_event_id)
+            return
+        if self.locked:
+            if prompt.voice != self.prompt.voice:
+                msg = "the voice cannot change after the first audio frame reached the model"
+                self._error(out, "voice_update_unsupported", msg, record.client_event_id)
+                return
+            if prompt.persona != self.prompt.persona:
+                msg = "the persona cannot change after the first audio frame reached the model"
+                self._error(out, "persona_update_unsupported", msg, record.client_event_id)
+                return
+        changed = prompt != self.prompt
+        self.prompt = prompt
+        self.config = self._effective(merged, prompt)
+        self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
+        if changed and not self.locked:
+            out.append(ResetSlot(self.epoch, prompt))
+        # After the lock only sampling can change: it applies from the next epoch's reset.
+
+    def _append(self, record: r.Append, out: list[Effect]) -> None:
+        try:
+            samples = decode(record.audio, record.format)
+        except AudioError as exc:
+            self._error(out, exc.code, str(exc), record.client_event_id)
+            return
+        if len(samples) == 0:
+            self._error(
+                out, "bad_event", "input_audio_buffer.append carries no audio", record.client_event_id
+            )
+            return
+        if self.buffered_samples + len(samples) > self.limits.max_buffered_samples:
+            self._error(
+                out,
+                "input_backpressure",
+                f"more than {self.limits.max_buffered_samples} samples buffered and not yet "
+                "stepped; send audio in real time",
+                record.client_event_id,
+            )
+            return
+        buf = np.concatenate([self._tail, samples]) if len(self._tail) else samples
+        whole = len(buf) // FRAME_SAMPLES
+        for i in range(whole):
+            frame = np.array(buf[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], dtype=np.float32)
+            index = self.frames_in
+            self.frames_in += 1
+            if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
+                self._speech_started = True
+                self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
+            out.append(SubmitFrame(index, frame))
+        self._tail = np.array(buf[whole * FRAME_SAMPLES :], dtype=np.float32)
+
+    def _step(self, record: r.Step, out: list[Effect]) -> None:
+        self.frames_stepped += 1
+        if record.epoch != self.epoch:
+            return  # stepped in an epoch that has ended: nothing of it follows its terminal events
+        if self._response is None:
+            self._response = (self._id("resp", self.epoch), self._id("item", self.epoch))
+            self._response_frames = 0
+            self._transcript = []
+            self._emit(out, ev.ResponseStarted(*self._response, self.epoch))
+        response_id, item_id = self._response
+        self.frames_out += 1
+        self._response_frames += 1
+        self._audio.update(record.pcm16)
+        if record.text_piece:
+            self._transcript.append(record.text_piece)
+        self._emit(
+            out,
+            ev.AudioFrame(
+                response_id, item_id, self.epoch, record.frame_index, record.pcm16, record.text_piece
+            ),
+        )
+
+    def _end_response(self, out: list[Effect], reason: str, *, audio_cleared: bool) -> None:
+        if self._response is None:
+            return
+        response_id, item_id = self._response
+        self._emit(
+            out,
+            ev.ResponseEnded(
+                response_id,
+                item_id,
+                self.epoch,
+                reason,
+                "".join(self._transcript),
+                self._response_frames,
+                audio_cleared,
+            ),
+        )
+        self._response = None
+
+    def _new_epoch(self, out: list[Effect], reason: str, *, audio_cleared: bool) -> None:
+        self._end_response(out, reason, audio_cleared=audio_cleared)
+        self.epoch += 1
+        self._speech_started = False
+        out.append(ResetSlot(self.epoch, self.prompt))
+
+
+def pcm16_of(samples: npt.NDArray[np.float32]) -> bytes:
+    """What a Step record stores for an output frame."""
+    return float_to_pcm16(samples)

@@ -1,0 +1,155 @@
+"""Dialect-neutral outbound session events: what the session core emits, in order.
+
+The wire layer projects these onto the OpenAI Realtime dialect (a ``ResponseStarted`` becomes
+``response.created``, ``response.output_item.added``, ... ) or the native one. Ids derive from
+the session id and sequence numbers only, so a replay reproduces them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen(slots=True)
+class SessionCreated:
+    session_id: str
+    config: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class SessionUpdated:
+    session_id: str
+    config: dict[str, Any]
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ResponseStarted:
+    response_id: str
+    item_id: str
+    epoch: int
+
+
+@attrs.frozen(slots=True)
+class AudioFrame:
+    """One 80 ms output frame (PCM16 LE mono 24 kHz) answering input frame ``frame_index``."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    frame_index: int
+    pcm16: bytes
+    text: str
+
+
+@attrs.frozen(slots=True)
+class SpeechStarted:
+    epoch: int
+    frame_index: int
+    item_id: str
+
+
+@attrs.frozen(slots=True)
+class InputCleared:
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class OutputCleared:
+    """``output_audio_buffer.clear`` while no response was active: nothing else happens."""
+
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ResponseEnded:
+    """The terminal group of a response. ``reason``: client_cancelled,
+    output_audio_buffer_clear or session_closed; ``audio_cleared`` puts
+    ``output_audio_buffer.cleared`` first."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    reason: str
+    transcript: str
+    frames: int
+    audio_cleared: bool
+
+
+@attrs.frozen(slots=True)
+class HeartbeatAck:
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class PlaybackAcknowledged:
+    payload: dict[str, Any]
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class Error:
+    code: str
+    message: str
+    client_event_id: str | None = None
+    param: str | None = None
+
+
+@attrs.frozen(slots=True)
+class SessionClosed:
+    session_id: str
+    reason: str
+
+
+SessionEvent = (
+    SessionCreated
+    | SessionUpdated
+    | ResponseStarted
+    | AudioFrame
+    | SpeechStarted
+    | InputCleared
+    | OutputCleared
+    | ResponseEnded
+    | HeartbeatAck
+    | PlaybackAcknowledged
+    | Error
+    | SessionClosed
+)
+
+# Terminal events end an epoch's response; nothing of that epoch follows them.
+TERMINAL = (ResponseEnded,)
+
+
+def event_name(event: SessionEvent) -> str:
+    return type(event).__name__
+
+
+def event_to_jsonable(event: SessionEvent) -> dict[str, Any]:
+    """A JSON-safe dict (audio summarised by length and SHA-256) for dumps and digests."""
+    out: dict[str, Any] = {"event": event_name(event)}
+    for a in attrs.fields(type(event)):
+        value = getattr(event, a.name)
+        if isinstance(value, bytes):
+            out[a.name] = {"bytes": len(value), "sha256": hashlib.sha256(value).hexdigest()}
+        else:
+            out[a.name] = value
+    return out
+
+
+def canonical_bytes(event: SessionEvent) -> bytes:
+    """Canonical bytes of an event for the outbound-stream digest (audio included raw)."""
+    fields: dict[str, Any] = {"event": event_name(event)}
+    blobs = []
+    for a in attrs.fields(type(event)):
+        value = getattr(event, a.name)
+        if isinstance(value, bytes):
+            blobs.append(value)
+            fields[a.name] = len(value)
+        else:
+            fields[a.name] = value
+    head = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return head + b"\0" + b"".join(blobs)

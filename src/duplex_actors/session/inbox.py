@@ -1,0 +1,62 @@
+"""A session actor's single ordered input stream: client commands and step results.
+
+Two producers, two bounds: client commands wait for room (``put_command``: at most
+``max_commands`` queued), step results never wait (``put_result_nowait``: the scheduler must
+not block) and are bounded by construction, since a session has at most one result per frame
+it submitted and the session core bounds the frames it buffers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, TypeVar
+
+import trio
+
+T = TypeVar("T")
+
+
+class Inbox(Generic[T]):
+    def __init__(self, max_commands: int = 256) -> None:
+        self._items: deque[tuple[bool, T]] = deque()
+        self._commands = 0
+        self._max_commands = max_commands
+        self._changed = trio.Event()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def put_command(self, item: T) -> None:
+        while self._commands >= self._max_commands and not self.closed:
+            await self._changed.wait()
+        if self.closed:
+            raise trio.ClosedResourceError("the session has ended")
+        self._items.append((True, item))
+        self._commands += 1
+        self._notify()
+
+    def put_result_nowait(self, item: T) -> None:
+        if self.closed:
+            return
+        self._items.append((False, item))
+        self._notify()
+
+    async def get(self) -> T:
+        while not self._items:
+            await self._changed.wait()
+        is_command, item = self._items.popleft()
+        if is_command:
+            self._commands -= 1
+            self._notify()
+        return item
+
+    def close(self) -> None:
+        self.closed = True
+        self._items.clear()
+        self._commands = 0
+        self._notify()

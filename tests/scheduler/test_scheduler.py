@@ -1,0 +1,152 @@
+"""The scheduler actor's tick policy, admission and routing, with a recording engine.
+
+A unit test of one layer: the engine here only records calls (the real engine is exercised by
+tests/test_server.py and tests/property).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from duplex_actors.model.engine import FRAME_SAMPLES, StepOutput
+from duplex_actors.scheduler.actor import ResourceExhausted, Scheduler
+from duplex_actors.scheduler.clock import VIRTUAL_TIME
+
+
+class RecordingEngine:
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.calls: list[tuple] = []
+        self.now = lambda: trio.current_time()
+
+    def reset(self, slot, prompt):
+        self.calls.append(("reset", slot, prompt, self.now()))
+
+    def step(self, frames):
+        self.calls.append(("step", tuple(sorted(frames)), self.now()))
+        return {
+            s: StepOutput(True, int(f[0]), "", (0,) * 8, (0,) * 8, np.zeros(FRAME_SAMPLES, np.float32))
+            for s, f in frames.items()
+        }
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.results = []
+
+    def deliver_nowait(self, result) -> None:
+        self.results.append(result)
+
+
+def frame(value: int) -> np.ndarray:
+    return np.full(FRAME_SAMPLES, value, dtype=np.float32)
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def start(nursery, slots=3, wait_ms=20.0):
+    engine = RecordingEngine(slots)
+    scheduler = Scheduler(engine, clock=VIRTUAL_TIME, max_batch_wait_ms=wait_ms)
+    await nursery.start(scheduler.run)
+    return engine, scheduler
+
+
+async def test_steps_at_once_when_every_active_slot_has_a_frame(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery)
+        a, b = Sink(), Sink()
+        sa, sb = sched.admit(a), sched.admit(b)
+        t0 = trio.current_time()
+        sched.submit_nowait(sa, 0, frame(1))
+        await trio.testing.wait_all_tasks_blocked()
+        assert not [c for c in engine.calls if c[0] == "step"]  # waits for b
+        sched.submit_nowait(sb, 0, frame(2))
+        await trio.testing.wait_all_tasks_blocked()
+        (call,) = [c for c in engine.calls if c[0] == "step"]
+        assert call[1] == (sa, sb) and call[2] == t0  # no waiting once the batch is full
+        assert [r.output.text_token for r in a.results] == [1] and [
+            r.output.text_token for r in b.results
+        ] == [2]
+        nursery.cancel_scope.cancel()
+
+
+async def test_steps_a_partial_batch_after_max_batch_wait(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, wait_ms=20)
+        a = Sink()
+        sa = sched.admit(a)
+        sched.admit(Sink())  # active but silent
+        t0 = trio.current_time()
+        sched.submit_nowait(sa, 0, frame(1))
+        await trio.sleep(1)
+        (call,) = [c for c in engine.calls if c[0] == "step"]
+        assert call[1] == (sa,) and call[2] == pytest.approx(t0 + 0.020)
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_frame_per_slot_per_step_in_order(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=1)
+        a = Sink()
+        s = sched.admit(a)
+        for i in range(4):
+            sched.submit_nowait(s, i, frame(10 + i))
+        await trio.sleep(1)
+        assert [r.frame_index for r in a.results] == [0, 1, 2, 3]
+        assert len([c for c in engine.calls if c[0] == "step"]) == 4
+        stats = sched.statistics()
+        assert stats.frames_stepped == 4 and stats.batch_sizes == ((1, 4),)
+        nursery.cancel_scope.cancel()
+
+
+async def test_admission_refusal_and_release_after_reset(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=2)
+        s0 = sched.admit(Sink())
+        sched.request_reset(s0, 0, "prompt-a")
+        sched.admit(Sink())
+        with pytest.raises(ResourceExhausted):
+            sched.admit(Sink())
+        sched.submit_nowait(s0, 0, frame(0))
+        await trio.sleep(1)
+        await sched.release(s0)
+        resets = [c for c in engine.calls if c[0] == "reset" and c[1] == s0]
+        assert len(resets) == 2  # the session's own reset, and the reset before freeing
+        assert sched.table.free == 1
+        sched.admit(Sink())
+        nursery.cancel_scope.cancel()
+
+
+async def test_results_carry_the_epoch_captured_before_the_step_and_frames_carry_over(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=1)
+        a = Sink()
+        s = sched.admit(a)
+        sched.request_reset(s, 0, "p")
+        sched.submit_nowait(s, 0, frame(0))
+        await trio.sleep(1)
+        sched.submit_nowait(s, 1, frame(1))
+        sched.request_reset(s, 1, "p")  # new epoch before frame 1 was stepped: it is carried
+        await trio.sleep(1)
+        assert [(r.epoch, r.frame_index) for r in a.results] == [(0, 0), (1, 1)]
+        kinds = [(c[0], c[1]) for c in engine.calls]
+        assert kinds == [("reset", 0), ("step", (0,)), ("reset", 0), ("step", (0,))]
+        nursery.cancel_scope.cancel()
+
+
+async def test_late_frames_are_counted(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        _engine, sched = await start(nursery, slots=1)
+        s = sched.admit(Sink())
+        for i in range(3):
+            sched.submit_nowait(s, i, frame(i))
+        await trio.sleep(1)
+        # All three were submitted at once; virtual steps take no time, so none waited 80 ms.
+        assert sched.statistics().late_frames == 0
+        nursery.cancel_scope.cancel()
