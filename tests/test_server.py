@@ -227,3 +227,19 @@ async def test_a_result_of_an_ended_epoch_is_dropped_and_replays(
     assert report.identical and report.complete
     replay_model(report, replay_engine)
     assert report.identical and report.steps_compared == 2, report.summary()
+
+
+async def test_retention_prunes_finished_logs_but_never_open_ones(parrot_engine, tmp_path, autojump_clock):
+    async with open_duplex_server(
+        parrot_engine, log_dir=tmp_path, virtual_time=True, log_max_bytes=1, retention_interval_s=1.0
+    ) as server:
+        done = await server.open_session()
+        await done.close()
+        held = await server.open_session()
+        with trio.fail_after(30):
+            while server.logs_pruned == 0:
+                await trio.sleep(0.5)
+        await trio.sleep(3)  # more prunes: the open session's log stays
+        names = {p.name for p in tmp_path.iterdir()}
+        assert names == {f"{held.session_id}.dlog"}
+        assert server.logs_pruned == 1

@@ -24,6 +24,9 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         device=args.device,
         torch_threads=args.torch_threads,
+        log_dir=args.log_dir,
+        log_max_age_s=args.log_max_age,
+        log_max_bytes=args.log_max_bytes,
     )
     hyper = Config()
     hyper.bind = [f"{args.host}:{args.port}"]
@@ -75,6 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=8, help="engine slots (default 8)")
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     serve.add_argument("--torch-threads", type=int, default=1, help="torch threads on CPU (default 1)")
+    serve.add_argument("--log-dir", default="sessions", help="session logs (default ./sessions)")
+    serve.add_argument(
+        "--log-max-age",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="delete finished logs older than this",
+    )
+    serve.add_argument(
+        "--log-max-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="keep the log directory under this size",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve)

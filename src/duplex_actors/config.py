@@ -7,6 +7,14 @@ import os
 import attrs
 
 
+def _opt_float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+def _opt_int(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
 @attrs.frozen(slots=True)
 class ServerConfig:
     model: str = "tiny"
@@ -15,6 +23,9 @@ class ServerConfig:
     max_sessions: int = 8
     device: str = "cpu"
     torch_threads: int = 1
+    log_dir: str = "sessions"
+    log_max_age_s: float | None = None
+    log_max_bytes: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ServerConfig:
@@ -26,4 +37,7 @@ class ServerConfig:
             max_sessions=int(env.get("DUPLEX_MAX_SESSIONS", "8")),
             device=env.get("DUPLEX_DEVICE", "cpu"),
             torch_threads=int(env.get("DUPLEX_TORCH_THREADS", "1")),
+            log_dir=env.get("DUPLEX_LOG_DIR", "sessions"),
+            log_max_age_s=_opt_float(env.get("DUPLEX_LOG_MAX_AGE")),
+            log_max_bytes=_opt_int(env.get("DUPLEX_LOG_MAX_BYTES")),
         )

@@ -19,8 +19,10 @@ from __future__ import annotations
 import platform
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import trio
 
 from . import __version__
 from .log import records as r
+from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .scheduler.actor import ResourceExhausted, Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
@@ -149,6 +152,7 @@ class DuplexServer:
         limits: SessionLimits,
         outbox_size: int,
         header_info: Mapping[str, Any],
+        session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         self.engine = engine
         self.scheduler = scheduler
@@ -158,8 +162,11 @@ class DuplexServer:
         self.outbox_size = outbox_size
         self.header_info = dict(header_info)
         self._nursery = nursery
+        self._session_ids = session_ids
         self.sessions: dict[str, SessionActor] = {}
         self.accepting = True
+        self.logs_pruned = 0
+        self.opening: set[str] = set()  # ids between log creation and registration
 
     async def open_session(
         self,
@@ -173,8 +180,16 @@ class DuplexServer:
             raise ResourceExhausted("the server is shutting down")
         if not self.writer.healthy:
             raise LogUnavailable("a session log could not be written; not admitting sessions")
-        session_id = new_session_id()
-        config = dict(config or {})
+        session_id = self._session_ids()
+        self.opening.add(session_id)
+        try:
+            return await self._open(session_id, dict(config or {}), dialect, output)
+        finally:
+            self.opening.discard(session_id)
+
+    async def _open(
+        self, session_id: str, config: dict[str, Any], dialect: str, output: Mapping[str, Any] | None
+    ) -> SessionHandle:
         core = SessionCore(session_id, self.policy, self.limits)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
         placeholder = _Pending()
@@ -257,6 +272,39 @@ def header_info_for(engine: Any) -> dict[str, Any]:
     return info
 
 
+class _OpenSessions(AbstractSet[str]):
+    """The ids of open sessions, read live: a session opened while a prune runs is kept too."""
+
+    def __init__(self, server: DuplexServer) -> None:
+        self._server = server
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._server.sessions or name in self._server.opening
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._server.sessions) + list(self._server.opening))
+
+    def __len__(self) -> int:
+        return len(self._server.sessions) + len(self._server.opening)
+
+
+async def _retention(
+    server: DuplexServer,
+    clock: Clock,
+    log_dir: Path,
+    max_age_s: float | None,
+    max_bytes: int | None,
+    interval_s: float,
+) -> None:
+    keep = _OpenSessions(server)
+    while True:
+        deleted = await clock.run(
+            partial(prune, log_dir, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time(), keep=keep)
+        )
+        server.logs_pruned += len(deleted)
+        await trio.sleep(interval_s)
+
+
 @asynccontextmanager
 async def open_duplex_server(
     engine: Any,
@@ -269,11 +317,17 @@ async def open_duplex_server(
     outbox_size: int = 4096,
     fsync: bool = True,
     policy: PromptPolicy | None = None,
+    session_ids: Callable[[], str] = new_session_id,
+    log_max_age_s: float | None = None,
+    log_max_bytes: int | None = None,
+    retention_interval_s: float = 60.0,
 ) -> AsyncIterator[DuplexServer]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
     ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
-    and log I/O inline instead of in worker threads.
+    and log I/O inline instead of in worker threads. ``session_ids`` makes ids (random by
+    default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
+    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     """
     clock = clock or (VIRTUAL_TIME if virtual_time else REAL_TIME)
     log_dir = Path(log_dir)
@@ -294,7 +348,12 @@ async def open_duplex_server(
                 limits=limits or SessionLimits(),
                 outbox_size=outbox_size,
                 header_info=info,
+                session_ids=session_ids,
             )
+            if log_max_age_s is not None or log_max_bytes is not None:
+                nursery.start_soon(
+                    _retention, server, clock, log_dir, log_max_age_s, log_max_bytes, retention_interval_s
+                )
             try:
                 yield server
             finally:
