@@ -34,6 +34,7 @@ from . import __version__
 from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
+from .metrics import Counters
 from .scheduler.actor import ResourceExhausted, Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
 from .session import events as ev
@@ -166,6 +167,7 @@ class DuplexServer:
         self.sessions: dict[str, SessionActor] = {}
         self.accepting = True
         self.logs_pruned = 0
+        self.counters = Counters()
         self.opening: set[str] = set()  # ids between log creation and registration
 
     async def open_session(
@@ -199,7 +201,15 @@ class DuplexServer:
         except Exception:
             self.scheduler.table.free_slot(self.scheduler.table.slots[slot])
             raise
-        actor = SessionActor(core, slot=slot, scheduler=self.scheduler, session_log=session_log, outbox=send)
+        actor = SessionActor(
+            core,
+            slot=slot,
+            scheduler=self.scheduler,
+            session_log=session_log,
+            outbox=send,
+            counters=self.counters,
+        )
+        self.counters.sessions_opened += 1
         self.scheduler.table.slots[slot].occupant = actor
         self.sessions[session_id] = actor
         header = r.Header(

@@ -45,6 +45,7 @@ class SessionActor:
         session_log: SessionLogHandle,
         outbox: trio.MemorySendChannel[ev.SessionEvent],
         max_commands: int = 256,
+        counters: Any = None,
     ) -> None:
         self.core = core
         self.slot = slot
@@ -57,6 +58,7 @@ class SessionActor:
         self.log_error: BaseException | None = None
         self._consumer_gone = False
         self._released = False
+        self.counters = counters
 
     @property
     def session_id(self) -> str:
@@ -108,10 +110,22 @@ class SessionActor:
                 self._send(ev.Error("log_unavailable", f"the session log cannot be written: {exc}"))
                 if not isinstance(record, r.Close):
                     record = r.Close("log_unavailable")
+        counters = self.counters
+        if counters is not None and isinstance(record, r.Step) and record.epoch != self.core.epoch:
+            counters.dropped["stale_epoch"] += 1
         for effect in self.core.apply(record):
             if isinstance(effect, Emit):
+                if counters is not None:
+                    if isinstance(effect.event, ev.AudioFrame):
+                        counters.frames_out += 1
+                    elif isinstance(effect.event, ev.Error):
+                        counters.errors[effect.event.code] += 1
+                    elif isinstance(effect.event, ev.SessionClosed):
+                        counters.sessions_closed[effect.event.reason] += 1
                 self._send(effect.event)
             elif isinstance(effect, SubmitFrame):
+                if counters is not None:
+                    counters.frames_in += 1
                 self.scheduler.submit_nowait(self.slot, effect.frame_index, effect.samples)
             elif isinstance(effect, ResetSlot):
                 self.scheduler.request_reset(self.slot, effect.epoch, effect.prompt)

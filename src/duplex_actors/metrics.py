@@ -1,0 +1,179 @@
+"""Prometheus text exposition of the server's counters (served by ``GET /metrics``).
+
+Written by hand rather than with prometheus_client, whose ASGI app breaks under hypercorn's
+dispatcher (notes/serving-hardening.md §12). Counters live where they happen (scheduler, log
+writer, session actors, connections); this module only formats a snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Counters:
+    """Process-wide counters the session actors and connections update (no locks: one loop)."""
+
+    def __init__(self) -> None:
+        self.frames_in = 0
+        self.frames_out = 0
+        self.dropped: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.close_codes: Counter[int] = Counter()
+        self.sessions_opened = 0
+        self.sessions_closed: Counter[str] = Counter()
+        self.connection_errors: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+
+
+def _labels(**labels: Any) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(
+        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for k, v in labels.items()
+    )
+    return "{" + inner + "}"
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def metric(
+        self, name: str, kind: str, help_text: str, samples: Iterable[tuple[str, Mapping[str, Any], float]]
+    ) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for suffix, labels, value in samples:
+            self.lines.append(f"{name}{suffix}{_labels(**labels)} {_fmt(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _fmt(value: float) -> str:
+    if value == float("inf"):
+        return "+Inf"
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(*, counters: Counters, scheduler: Any | None, writer: Any | None, sessions_active: int) -> str:
+    out = _Writer()
+    if scheduler is not None:
+        st = scheduler.statistics()
+        out.metric(
+            "duplex_step_duration_seconds",
+            "histogram",
+            "Wall time of one batched model step (the frame budget is 0.08 s).",
+            [
+                *(("_bucket", {"le": _fmt(b)}, c) for b, c in st.step_seconds_buckets),
+                ("_sum", {}, st.step_seconds_sum),
+                ("_count", {}, st.ticks),
+            ],
+        )
+        batch = dict(st.batch_sizes)
+        cumulative: list[tuple[str, Mapping[str, Any], float]] = []
+        for bound in BATCH_BUCKETS:
+            running = sum(n for size, n in batch.items() if size <= bound)
+            cumulative.append(("_bucket", {"le": str(bound)}, running))
+        cumulative.append(("_bucket", {"le": "+Inf"}, st.ticks))
+        cumulative.append(("_sum", {}, sum(size * n for size, n in batch.items())))
+        cumulative.append(("_count", {}, st.ticks))
+        out.metric("duplex_batch_size", "histogram", "Sessions stepped per tick.", cumulative)
+        out.metric(
+            "duplex_deadline_misses_total",
+            "counter",
+            "Frames that waited longer than 80 ms for their step.",
+            [("", {}, st.late_frames)],
+        )
+        out.metric(
+            "duplex_slots_total",
+            "gauge",
+            "Engine slots (max concurrent sessions).",
+            [("", {}, st.slots_total)],
+        )
+        out.metric("duplex_slots_in_use", "gauge", "Slots held by sessions.", [("", {}, st.slots_in_use)])
+        dropped = Counter(dict(st.dropped_frames)) + counters.dropped
+    else:
+        dropped = counters.dropped
+    out.metric("duplex_sessions_active", "gauge", "Open sessions.", [("", {}, sessions_active)])
+    out.metric(
+        "duplex_sessions_opened_total", "counter", "Sessions admitted.", [("", {}, counters.sessions_opened)]
+    )
+    out.metric(
+        "duplex_sessions_closed_total",
+        "counter",
+        "Sessions closed, by reason.",
+        [("", {"reason": k}, v) for k, v in sorted(counters.sessions_closed.items())],
+    )
+    out.metric(
+        "duplex_frames_in_total",
+        "counter",
+        "Input frames (80 ms) drained to the model.",
+        [("", {}, counters.frames_in)],
+    )
+    out.metric(
+        "duplex_frames_out_total",
+        "counter",
+        "Output frames (80 ms) sent to clients.",
+        [("", {}, counters.frames_out)],
+    )
+    out.metric(
+        "duplex_frames_dropped_total",
+        "counter",
+        "Frames dropped, by reason.",
+        [("", {"reason": k}, v) for k, v in sorted(dropped.items())],
+    )
+    out.metric(
+        "duplex_errors_total",
+        "counter",
+        "Error events sent, by code.",
+        [("", {"code": k}, v) for k, v in sorted(counters.errors.items())],
+    )
+    out.metric(
+        "duplex_refusals_total",
+        "counter",
+        "Connections refused before a session, by code.",
+        [("", {"code": k}, v) for k, v in sorted(counters.refused.items())],
+    )
+    out.metric(
+        "duplex_websocket_close_total",
+        "counter",
+        "WebSocket closes sent, by close code.",
+        [("", {"code": k}, v) for k, v in sorted(counters.close_codes.items())],
+    )
+    out.metric(
+        "duplex_connection_errors_total",
+        "counter",
+        "Connections that failed with an unexpected exception.",
+        [("", {"type": k}, v) for k, v in sorted(counters.connection_errors.items())],
+    )
+    if writer is not None:
+        ws = writer.statistics()
+        samples = [("", {"quantile": q}, (ws.fsync_percentile(q * 100) or 0.0)) for q in (0.5, 0.9, 0.99)]
+        samples += [("_sum", {}, sum(ws.fsync_durations_s)), ("_count", {}, ws.fsyncs)]
+        out.metric(
+            "duplex_log_fsync_seconds",
+            "summary",
+            "fdatasync duration of the session logs (recent window).",
+            samples,
+        )
+        out.metric(
+            "duplex_log_records_total",
+            "counter",
+            "Session log records written.",
+            [("", {}, ws.records_written)],
+        )
+        out.metric(
+            "duplex_log_failed",
+            "gauge",
+            "Session logs that failed to write (admissions stop).",
+            [("", {}, ws.failed_logs)],
+        )
+    return out.text()
