@@ -1,9 +1,13 @@
-"""The HTTP app: ``hypercorn -k trio duplex_actors.app:app`` or ``duplex-actors serve``.
+"""The app: ``hypercorn -k trio duplex_actors.app:app`` or ``duplex-actors serve``.
 
 At start-up it loads the model in a worker thread, starts the in-process duplex server
 (scheduler actor, log writer, log retention) and warms it up with one silent session through
-the real path before ``/ready`` turns 200. Routes: ``/health``, ``/ready``, ``/v1/models``.
-(The WebSocket dialects are built on the same in-process server.)
+the real path before ``/ready`` turns 200.
+
+Routes: ``WS /v1/realtime`` (OpenAI Realtime projection; ``?duplex=1`` accepted, ``?model=``
+checked, ``?autostart=0`` waits for the first message), ``WS /v1/duplex`` (native dialect),
+``GET /health``, ``GET /ready``, ``GET /v1/models``, ``GET /metrics`` and
+``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat completions).
 """
 
 from __future__ import annotations
@@ -14,17 +18,22 @@ from typing import Any
 
 import numpy as np
 import trio
-from quart import jsonify
+from quart import Response, jsonify, websocket
 from quart_trio import QuartTrio
 
 from .config import ServerConfig
+from .metrics import Counters, render
 from .model.engine import FRAME_SAMPLES
+from .web import auth
+from .web.connection import CONFIG_TIMEOUT_S, Connection, Transport, capabilities
+from .web.dialects import NativeDialect, RealtimeDialect
+from .web.hardening import GuardedApp, guard_connections, refuse_permessage_deflate
 
 log = logging.getLogger("duplex_actors")
 
 
 class ModelHolder:
-    """The engine and the in-process server once started, plus what /ready reports."""
+    """The engine and the in-process server once started, the open connections, drain state."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -33,6 +42,14 @@ class ModelHolder:
         self.error: str | None = None
         self.loaded_at: float | None = None
         self.warmup_ms: float | None = None
+        self.draining = False
+        self.connections: set[Connection] = set()
+        self.idle = trio.Event()
+        self.counters = Counters()
+
+    @property
+    def model_id(self) -> str:
+        return self.config.model
 
     def load(self) -> Any:
         from .model.factory import open_engine
@@ -55,10 +72,14 @@ class ModelHolder:
         cfg = self.config
         engine = await trio.to_thread.run_sync(self.load)
         async with open_duplex_server(
-            engine, log_dir=cfg.log_dir, log_max_age_s=cfg.log_max_age_s, log_max_bytes=cfg.log_max_bytes
+            engine,
+            log_dir=cfg.log_dir,
+            log_max_age_s=cfg.log_max_age_s,
+            log_max_bytes=cfg.log_max_bytes,
         ) as server:
+            server.counters = self.counters
             started = time.perf_counter()
-            warmup = await server.open_session({})
+            warmup = await server.open_session({}, dialect="warmup")
             for _ in range(3):
                 await warmup.append(np.zeros(FRAME_SAMPLES, dtype=np.float32))
             frames = 0
@@ -72,15 +93,33 @@ class ModelHolder:
             self.loaded_at = time.time()
             await trio.sleep_forever()
 
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Stop admitting (``/ready`` 503), close every session with ``session.closing`` and 1012,
+        wait for their logs (at most ``timeout_s``)."""
+        self.draining = True
+        if self.server is not None:
+            self.server.accepting = False
+        for conn in list(self.connections):
+            conn.drain()
+        with trio.move_on_after(timeout_s):
+            while self.connections or (self.server is not None and self.server.sessions):
+                await trio.sleep(0.01)
+
+
+def _headers() -> dict[str, str]:
+    return {k.lower(): v for k, v in websocket.headers.items()}
+
 
 def create_app(config: ServerConfig | None = None) -> QuartTrio:
     config = config or ServerConfig.from_env()
+    refuse_permessage_deflate()
     app = QuartTrio("duplex_actors")
+    app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     holder = ModelHolder(config)
     app.extensions["duplex_model"] = holder
 
     @app.before_serving
-    async def _start_loading() -> None:
+    async def _start() -> None:
         async def run() -> None:
             try:
                 await holder.run()
@@ -94,25 +133,30 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
 
     @app.get("/health")
     async def health() -> Any:
-        if holder.error is not None:
-            return jsonify({"status": "unhealthy", "error": holder.error}), 503
+        failed = holder.error or (holder.server is not None and holder.server.scheduler.failed is not None)
+        if failed:
+            return jsonify(
+                {"status": "unhealthy", "error": holder.error or "the model scheduler failed"}
+            ), 503
         return jsonify({"status": "healthy"})
 
     @app.get("/ready")
     async def ready() -> Any:
-        engine = holder.engine
-        if engine is None or holder.server is None:
-            body = {"ready": False, "model": config.model}
+        engine, server = holder.engine, holder.server
+        if engine is None or server is None or holder.draining or not server.writer.healthy:
+            body: dict[str, Any] = {"ready": False, "model": config.model, "draining": holder.draining}
             if holder.error:
                 body["error"] = holder.error
+            if server is not None and not server.writer.healthy:
+                body["error"] = "a session log could not be written"
             return jsonify(body), 503
         return jsonify(
             {
                 "ready": True,
-                "model": engine.model_id,
+                "model": config.model,
                 "family": engine.family.name,
                 "slots_total": engine.slots,
-                "slots_free": holder.server.scheduler.table.free,
+                "slots_free": server.scheduler.table.free,
                 "warmup_ms": round(holder.warmup_ms or 0, 1),
             }
         )
@@ -129,7 +173,144 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             }
         )
 
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        server = holder.server
+        text = render(
+            counters=holder.counters,
+            scheduler=server.scheduler if server is not None else None,
+            writer=server.writer if server is not None else None,
+            sessions_active=len(server.sessions) if server is not None else 0,
+        )
+        return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Any:
+        return jsonify(
+            {
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "unsupported_endpoint",
+                    "message": (
+                        f"{config.model} is a full-duplex speech model that listens and speaks in "
+                        "lockstep (80 ms in, 80 ms out); it has no chat completions. Open a "
+                        "WebSocket to /v1/realtime?duplex=1 (OpenAI Realtime) or /v1/duplex."
+                    ),
+                    "param": None,
+                }
+            }
+        ), 400
+
+    async def _websocket(dialect_name: str) -> Any:
+        headers = _headers()
+        subprotocols = list(websocket.requested_subprotocols)
+        refusal = auth.check(
+            api_key=config.api_key,
+            allowed_origins=config.allowed_origins,
+            headers=headers,
+            subprotocols=subprotocols,
+        )
+        if refusal is not None:
+            holder.counters.refused[refusal.code] += 1
+            body = {
+                "error": {"type": "invalid_request_error", "code": refusal.code, "message": refusal.message}
+            }
+            return jsonify(body), refusal.status
+        server = holder.server
+        if server is None or holder.draining:
+            holder.counters.refused["not_ready"] += 1
+            return jsonify(
+                {"error": {"type": "server_error", "code": "not_ready", "message": "the server is not ready"}}
+            ), 503
+        if dialect_name == "realtime":
+            beta = "realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols
+            dialect: Any = RealtimeDialect(
+                model=config.model, capabilities=capabilities(server.engine.slots), beta=beta
+            )
+        else:
+            dialect = NativeDialect()
+        await websocket.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
+        transport = Transport(
+            websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
+        )
+        conn = Connection(
+            server, transport, dialect=dialect, idle_timeout_s=config.idle_timeout_s, counters=holder.counters
+        )
+        holder.connections.add(conn)
+        try:
+            await _open_and_run(conn, dialect, dialect_name)
+        except Exception:
+            log.exception("connection failed")
+            holder.counters.connection_errors["handler"] += 1
+            with trio.CancelScope(shield=True):
+                try:
+                    await conn.refuse("internal_error", "the server failed on this connection", 1011)
+                except Exception:
+                    pass
+        finally:
+            holder.connections.discard(conn)
+        return None
+
+    async def _open_and_run(conn: Connection, dialect: Any, dialect_name: str) -> None:
+        from .protocol.errors import ProtocolError
+
+        args = request_args()
+        if dialect_name == "realtime":
+            wanted = args.get("model")
+            if wanted and wanted != config.model:
+                await conn.refuse(
+                    "model_not_found", f"this server serves {config.model!r}, not {wanted!r}", 1008
+                )
+                return
+            if args.get("autostart", "1") == "0":
+                with trio.move_on_after(CONFIG_TIMEOUT_S) as cs:
+                    data = await websocket.receive()
+                if cs.cancelled_caught:
+                    await conn.refuse("config_timeout", f"no message within {CONFIG_TIMEOUT_S:.0f} s", 1008)
+                    return
+                cfg, rest = dialect.first_message(data)
+                await conn.run(first_message=rest, config=cfg)
+                return
+            await conn.run()
+            return
+        with trio.move_on_after(CONFIG_TIMEOUT_S) as cs:
+            data = await websocket.receive()
+        if cs.cancelled_caught:
+            await conn.refuse("config_timeout", f"send session.create within {CONFIG_TIMEOUT_S:.0f} s", 1008)
+            return
+        try:
+            cfg, _ = dialect.first_message(data)
+        except ProtocolError as err:
+            await conn.refuse(err.code, err.message, 1008, err.client_event_id)
+            return
+        await conn.run(config=cfg)
+
+    def request_args() -> dict[str, str]:
+        return {k: v for k, v in websocket.args.items()}
+
+    @app.websocket("/v1/realtime")
+    async def realtime_ws() -> Any:
+        return await _websocket("realtime")
+
+    @app.websocket("/v1/duplex")
+    async def native_ws() -> Any:
+        return await _websocket("native")
+
     return app
 
 
-app = create_app()
+def create_asgi_app(config: ServerConfig | None = None) -> GuardedApp:
+    quart_app = create_app(config)
+    holder: ModelHolder = quart_app.extensions["duplex_model"]
+
+    def on_error(kind: str) -> None:
+        holder.counters.connection_errors[kind] += 1
+
+    guard_connections(on_error)
+    guarded = GuardedApp(quart_app, on_error)
+    guarded.holder = holder  # type: ignore[attr-defined]
+    guarded.quart_app = quart_app  # type: ignore[attr-defined]
+    return guarded
+
+
+app = create_asgi_app()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -11,11 +12,11 @@ from pathlib import Path
 
 def _serve(args: argparse.Namespace) -> int:
     import trio
-    from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    from .app import create_app
+    from .app import create_asgi_app
     from .config import ServerConfig
+    from .web.hardening import HardenedConfig
 
     config = ServerConfig(
         model=args.model,
@@ -27,25 +28,42 @@ def _serve(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         log_max_age_s=args.log_max_age,
         log_max_bytes=args.log_max_bytes,
+        api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None,
+        allowed_origins=tuple(args.allowed_origin),
+        idle_timeout_s=args.idle_timeout,
     )
-    hyper = Config()
+    hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]
     hyper.accesslog = None
+    hyper.websocket_max_message_size = args.max_message_bytes
+    hyper.graceful_timeout = args.drain_timeout + 5
 
     async def main() -> None:
-        app = create_app(config)
+        app = create_asgi_app(config)
+        holder = app.holder  # type: ignore[attr-defined]
         stop = trio.Event()
 
         async def on_signals() -> None:
+            # The receiver stays open while draining, so a second SIGTERM cannot kill us midway.
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    stop.set()
-                    return
+                draining = False
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if draining:
+                        print(f"duplex-actors: {name}: already draining", flush=True)
+                        continue
+                    draining = True
+                    print(f"duplex-actors: {name}: draining", flush=True)
+                    nursery.start_soon(drain)
+
+        async def drain() -> None:
+            await holder.drain(args.drain_timeout)
+            stop.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signals)
             print(f"duplex-actors: serving {config.model} on http://{args.host}:{args.port}", flush=True)
-            await serve(app, hyper, shutdown_trigger=stop.wait)
+            await serve(app, hyper, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -92,6 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="BYTES",
         help="keep the log directory under this size",
+    )
+    serve.add_argument(
+        "--api-key", default=None, help="require this key (Bearer or subprotocol); or DUPLEX_API_KEY"
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser Origin (repeatable)",
+    )
+    serve.add_argument(
+        "--idle-timeout", type=float, default=300.0, help="close a session after this many silent seconds"
+    )
+    serve.add_argument(
+        "--max-message-bytes", type=int, default=16 * 1024 * 1024, help="WebSocket message limit (1009)"
+    )
+    serve.add_argument(
+        "--drain-timeout", type=float, default=10.0, help="seconds to close sessions on SIGTERM"
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

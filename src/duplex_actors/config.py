@@ -26,6 +26,9 @@ class ServerConfig:
     log_dir: str = "sessions"
     log_max_age_s: float | None = None
     log_max_bytes: int | None = None
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    idle_timeout_s: float = 300.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ServerConfig:
@@ -40,4 +43,9 @@ class ServerConfig:
             log_dir=env.get("DUPLEX_LOG_DIR", "sessions"),
             log_max_age_s=_opt_float(env.get("DUPLEX_LOG_MAX_AGE")),
             log_max_bytes=_opt_int(env.get("DUPLEX_LOG_MAX_BYTES")),
+            api_key=env.get("DUPLEX_API_KEY") or None,
+            allowed_origins=tuple(
+                o.strip() for o in env.get("DUPLEX_ALLOWED_ORIGINS", "").split(",") if o.strip()
+            ),
+            idle_timeout_s=float(env.get("DUPLEX_IDLE_TIMEOUT", "300")),
         )

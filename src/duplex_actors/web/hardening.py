@@ -20,6 +20,7 @@ from typing import Any
 
 from hypercorn.config import Config, Sockets
 from hypercorn.protocol import ws_stream
+from hypercorn.trio import tcp_server
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,29 @@ def refuse_permessage_deflate() -> None:
     ws_stream.Handshake.__init__ = _handshake_without_extensions  # type: ignore[method-assign]
 
 
+_original_tcp_run = tcp_server.TCPServer.run
+_on_connection_error: list[Callable[[str], None]] = []
+
+
+async def _guarded_tcp_run(self: Any) -> None:
+    try:
+        await _original_tcp_run(self)
+    except Exception as exc:  # e.g. h11 LocalProtocolError after a bad upgrade (hypercorn #225)
+        log.warning("dropped a connection after a protocol error: %r", exc)
+        for hook in _on_connection_error:
+            hook(type(exc).__name__)
+
+
+def guard_connections(on_error: Callable[[str], None] | None = None) -> None:
+    """Contain hypercorn's per-connection exceptions: without this, an Upgrade request followed
+    by trailing bytes raises inside hypercorn's TCP handler and takes the whole process down
+    (hypercorn issue #225, reproduced on 0.18.0). Process-wide and idempotent."""
+    tcp_server.TCPServer.run = _guarded_tcp_run  # type: ignore[method-assign]
+    _on_connection_error.clear()
+    if on_error is not None:
+        _on_connection_error.append(on_error)
+
+
 class HardenedConfig(Config):
     """hypercorn Config whose listening sockets carry ``TCP_USER_TIMEOUT``."""
 
@@ -55,9 +79,7 @@ class HardenedConfig(Config):
         return sockets
 
 
-ASGIApp = Callable[
-    [dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
-]
+ASGIApp = Callable[..., Awaitable[None]]
 
 
 class GuardedApp:

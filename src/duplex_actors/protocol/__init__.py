@@ -1,0 +1,42 @@
+"""The wire protocol, sans-io: client messages in, typed events out; session events in, server
+messages out (``docs/api.md``, spec ``wire-protocol.md``). No trio, no torch, no model.
+
+- :mod:`.errors`: the error codes and :class:`ProtocolError`.
+- :mod:`.events`: attrs classes of every client and server event of both dialects.
+- :mod:`.codec`: parsing and validation at the edge, audio formats, session config.
+- :mod:`.realtime` / :mod:`.native`: projections of session events onto each dialect.
+- :mod:`.schemas`: JSON Schemas generated from the classes, and traffic validators
+  (not imported here: ``python -m duplex_actors.protocol.schemas`` runs it as a script).
+"""
+
+from .codec import (
+    decode_append,
+    decode_audio_b64,
+    dumps,
+    encode_client_event,
+    normalize_session_config,
+    parse_client_binary,
+    parse_client_object,
+    parse_client_text,
+    resolve_input_format,
+)
+from .errors import ProtocolError, error_type
+from .native import NativeProjection
+from .realtime import RealtimeProjection, refusal_error
+
+__all__ = [
+    "NativeProjection",
+    "ProtocolError",
+    "RealtimeProjection",
+    "decode_append",
+    "decode_audio_b64",
+    "dumps",
+    "encode_client_event",
+    "error_type",
+    "normalize_session_config",
+    "parse_client_binary",
+    "parse_client_object",
+    "parse_client_text",
+    "refusal_error",
+    "resolve_input_format",
+]

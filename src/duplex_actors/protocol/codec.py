@@ -1,0 +1,432 @@
+"""The wire edge: text messages in, typed client events out, and the input-format rules.
+
+Sans-io and strict (wire-protocol.md §3-§5): a message must be one JSON object (no
+NaN/Infinity literals) with a string ``type`` of the dialect; fields are type-checked without
+coercion (``"5"`` is not an int, ``1`` is not a bool); the client's ``event_id`` is echoed in
+every refusal. Everything refused raises :class:`~.errors.ProtocolError` and nothing else.
+
+One cattrs converter structures and unstructures the client events as tagged unions on
+``type``: ``CONVERTER.structure(obj, RealtimeClientEvent)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+import cattrs
+from cattrs.strategies import configure_tagged_union
+
+from ..session.audio import AudioError, canonical_format
+from . import errors as codes
+from .errors import ProtocolError, clip
+from .events import (
+    NATIVE_CLIENT_EVENTS,
+    REALTIME_CLIENT_EVENTS,
+    ClientEvent,
+    Dialect,
+    InputAudioBufferAppend,
+    NativeClientEvent,
+    PlaybackAck,
+    RealtimeClientEvent,
+    SessionCreate,
+)
+
+MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+MAX_EVENT_ID_CHARS: Final = 512
+# Echoed back to the client: kept small so no server frame comes near 1 MiB.
+MAX_PLAYBACK_PAYLOAD_BYTES: Final = 64 * 1024
+MAX_SESSION_CONFIG_BYTES: Final = 256 * 1024
+SAMPLE_RATE: Final = 24_000
+DEFAULT_INPUT_FORMAT: Final = "pcm16"
+# Keys of the session object the server owns; a client's values for them are dropped.
+SERVER_OWNED_SESSION_KEYS: Final = frozenset({"id", "object", "model", "capabilities"})
+_ENVELOPE: Final = frozenset({"type", "event_id"})
+
+
+# -- the converter -----------------------------------------------------------------------------
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
+def _structure_str(value: Any, _: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {_json_type(value)}")
+    return value
+
+
+def _structure_int(value: Any, _: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {_json_type(value)}")
+    return value
+
+
+def _structure_float(value: Any, _: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {_json_type(value)}")
+    return float(value)
+
+
+def _structure_bool(value: Any, _: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {_json_type(value)}")
+    return value
+
+
+def _structure_object(value: Any, _: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {_json_type(value)}")
+    return dict(value)
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name}: expected a string, got {_json_type(value)}")
+    return value
+
+
+def _structure_playback_ack(value: dict[str, Any], _: Any) -> PlaybackAck:
+    payload = {k: v for k, v in value.items() if k not in _ENVELOPE}
+    return PlaybackAck(payload=payload, event_id=_optional_str(value.get("event_id"), "event_id"))
+
+
+def _unstructure_playback_ack(event: PlaybackAck) -> dict[str, Any]:
+    return {**event.payload, "event_id": event.event_id}
+
+
+def _structure_session_create(value: dict[str, Any], _: Any) -> SessionCreate:
+    # binary_output is an output option of the connection, not session config: never echoed.
+    if "session" in value:
+        session = value["session"]
+        if not isinstance(session, dict):
+            raise TypeError(f"session: expected an object, got {_json_type(session)}")
+        binary = value.get("binary_output", session.get("binary_output", False))
+        session = {k: v for k, v in session.items() if k != "binary_output"}
+    else:
+        binary = value.get("binary_output", False)
+        session = {k: v for k, v in value.items() if k not in _ENVELOPE and k != "binary_output"}
+    if not isinstance(binary, bool):
+        raise TypeError(f"binary_output: expected a boolean, got {_json_type(binary)}")
+    return SessionCreate(
+        session=session, binary_output=binary, event_id=_optional_str(value.get("event_id"), "event_id")
+    )
+
+
+def _unstructure_session_create(event: SessionCreate) -> dict[str, Any]:
+    return {"session": event.session, "binary_output": event.binary_output, "event_id": event.event_id}
+
+
+def _tag(cls: type) -> str:
+    return str(getattr(cls, "TYPE"))  # noqa: B009 - TYPE is a ClassVar mypy cannot see on `type`
+
+
+def make_converter() -> cattrs.Converter:
+    """The strict converter with the client-event unions of both dialects configured."""
+    conv = cattrs.Converter(forbid_extra_keys=False)
+    conv.register_structure_hook(str, _structure_str)
+    conv.register_structure_hook(int, _structure_int)
+    conv.register_structure_hook(float, _structure_float)
+    conv.register_structure_hook(bool, _structure_bool)
+    conv.register_structure_hook_func(lambda t: t == dict[str, Any], _structure_object)
+    conv.register_structure_hook(PlaybackAck, _structure_playback_ack)
+    conv.register_unstructure_hook(PlaybackAck, _unstructure_playback_ack)
+    conv.register_structure_hook(SessionCreate, _structure_session_create)
+    conv.register_unstructure_hook(SessionCreate, _unstructure_session_create)
+    configure_tagged_union(RealtimeClientEvent, conv, tag_generator=_tag, tag_name="type")
+    configure_tagged_union(NativeClientEvent, conv, tag_generator=_tag, tag_name="type")
+    return conv
+
+
+CONVERTER: Final = make_converter()
+_UNIONS: Final[dict[str, Any]] = {"realtime": RealtimeClientEvent, "native": NativeClientEvent}
+_TYPES: Final[dict[str, frozenset[str]]] = {
+    "realtime": frozenset(_tag(c) for c in REALTIME_CLIENT_EVENTS),
+    "native": frozenset(_tag(c) for c in NATIVE_CLIENT_EVENTS),
+}
+
+
+def encode_client_event(event: ClientEvent) -> dict[str, Any]:
+    """A client event as the JSON object a client sends (tests and in-repo clients use it)."""
+    out: dict[str, Any] = CONVERTER.unstructure(event, unstructure_as=NativeClientEvent)
+    return out
+
+
+def dumps(obj: Mapping[str, Any]) -> str:
+    """Compact JSON text of a server event. ASCII-only, so a lone surrogate a client sent and
+    that is echoed back still encodes as UTF-8; NaN is refused, as the spec's JSON has none."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+# -- parsing -----------------------------------------------------------------------------------
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _too_large(text: str, limit: int) -> bool:
+    # Every character is 1 to 4 UTF-8 bytes: encode only when the length cannot decide.
+    if len(text) > limit:
+        return True
+    if 4 * len(text) <= limit:
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def _describe(exc: BaseException, _: Any) -> str:
+    if isinstance(exc, KeyError):
+        return "required field missing"
+    return str(exc)
+
+
+def parse_client_text(
+    text: str, *, dialect: Dialect, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> ClientEvent:
+    """Parse one text message of ``dialect``; raises ProtocolError (``invalid_json``,
+    ``bad_event``, ``unknown_event``) and nothing else."""
+    if _too_large(text, max_message_bytes):
+        raise ProtocolError(codes.BAD_EVENT, f"message larger than {max_message_bytes} bytes")
+    try:
+        obj = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(codes.INVALID_JSON, f"message is not valid JSON: {exc}") from None
+    return parse_client_object(obj, dialect=dialect)
+
+
+def parse_client_object(obj: Any, *, dialect: Dialect) -> ClientEvent:
+    """Validate an already-decoded JSON value as a client event of ``dialect``."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(codes.INVALID_JSON, f"a message must be a JSON object, not {_json_type(obj)}")
+    raw_id = obj.get("event_id")
+    event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= MAX_EVENT_ID_CHARS else None
+    raw_type = obj.get("type")
+    event_type = clip(raw_type, 128) if isinstance(raw_type, str) else None
+
+    def refuse(code: str, message: str, param: str | None = None) -> ProtocolError:
+        return ProtocolError(code, message, event_type=event_type, client_event_id=event_id, param=param)
+
+    if raw_type is None:
+        raise refuse(codes.BAD_EVENT, "the message has no `type`", "type")
+    if not isinstance(raw_type, str):
+        raise refuse(codes.BAD_EVENT, f"`type` must be a string, not {_json_type(raw_type)}", "type")
+    if raw_id is not None and not isinstance(raw_id, str):
+        raise refuse(codes.BAD_EVENT, f"`event_id` must be a string, not {_json_type(raw_id)}", "event_id")
+    if isinstance(raw_id, str) and event_id is None:
+        raise refuse(codes.BAD_EVENT, f"`event_id` longer than {MAX_EVENT_ID_CHARS} characters", "event_id")
+    if dialect not in _TYPES:
+        raise ValueError(f"unknown dialect {dialect!r}")
+    if raw_type not in _TYPES[dialect]:
+        raise refuse(codes.UNKNOWN_EVENT, f"unknown event type {clip(raw_type, 128)!r}", "type")
+    try:
+        event: ClientEvent = CONVERTER.structure(obj, _UNIONS[dialect])
+    except Exception as exc:
+        problems = (
+            cattrs.transform_error(exc, path="$", format_exception=_describe)
+            if isinstance(exc, cattrs.BaseValidationError)
+            else []
+        )
+        detail = "; ".join(problems) or str(exc)
+        param = problems[0].rpartition("@ $.")[2] if problems and "@ $." in problems[0] else None
+        raise refuse(codes.BAD_EVENT, f"malformed {raw_type}: {detail}", param) from None
+    if isinstance(event, PlaybackAck) and len(dumps(event.payload)) > MAX_PLAYBACK_PAYLOAD_BYTES:
+        raise refuse(codes.BAD_EVENT, f"playback.ack larger than {MAX_PLAYBACK_PAYLOAD_BYTES} bytes")
+    return event
+
+
+def parse_client_binary(data: bytes, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
+    """A native binary message: raw audio in the session's input format (no base64)."""
+    if not data:
+        raise ProtocolError(codes.BAD_EVENT, "an empty binary message carries no audio", param="audio")
+    if len(data) > max_message_bytes:
+        raise ProtocolError(codes.BAD_EVENT, f"message larger than {max_message_bytes} bytes")
+    return bytes(data)
+
+
+def decode_audio_b64(
+    s: str, *, client_event_id: str | None = None, event_type: str | None = InputAudioBufferAppend.TYPE
+) -> bytes:
+    """Strict base64 (``validate=True``): junk -> ``bad_audio``; empty -> ``bad_event``."""
+
+    def refuse(code: str, message: str) -> ProtocolError:
+        return ProtocolError(
+            code, message, event_type=event_type, client_event_id=client_event_id, param="audio"
+        )
+
+    if not s:
+        raise refuse(codes.BAD_EVENT, "input_audio_buffer.append carries no audio")
+    try:
+        data = base64.b64decode(s, validate=True)
+    except ValueError as exc:  # binascii.Error, or non-ASCII characters
+        raise refuse(codes.BAD_AUDIO, f"audio is not valid base64: {exc}") from None
+    if not data:
+        raise refuse(codes.BAD_EVENT, "input_audio_buffer.append carries no audio")
+    return data
+
+
+# -- audio formats -----------------------------------------------------------------------------
+def _format_name(name: Any, *, param: str, ctx: dict[str, Any]) -> str:
+    if not isinstance(name, str):
+        raise ProtocolError(
+            codes.UNSUPPORTED_AUDIO_FORMAT, f"{param} must be a format name", param=param, **ctx
+        )
+    try:
+        return canonical_format(name)
+    except AudioError as exc:
+        raise ProtocolError(codes.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param, **ctx) from None
+
+
+def _check_rate(rate: Any, *, param: str, ctx: dict[str, Any]) -> int:
+    if isinstance(rate, bool) or not isinstance(rate, int):
+        raise ProtocolError(codes.BAD_EVENT, f"{param} must be an integer", param=param, **ctx)
+    if rate != SAMPLE_RATE:
+        raise ProtocolError(
+            codes.UNSUPPORTED_AUDIO_FORMAT,
+            f"unsupported sample rate {rate} Hz; audio must be mono {SAMPLE_RATE} Hz",
+            param=param,
+            **ctx,
+        )
+    return rate
+
+
+def _ga_format(value: Any, *, param: str, ctx: dict[str, Any]) -> tuple[str, int | None]:
+    """GA ``audio.{input,output}.format``: ``{type, rate}`` (both optional) or a bare name."""
+    if isinstance(value, str):
+        return _format_name(value, param=param, ctx=ctx), None
+    if not isinstance(value, dict):
+        raise ProtocolError(codes.BAD_EVENT, f"{param} must be an object", param=param, **ctx)
+    name = _format_name(value.get("type", "audio/pcm"), param=f"{param}.type", ctx=ctx)
+    rate = value.get("rate")
+    if rate is not None:
+        rate = _check_rate(rate, param=f"{param}.rate", ctx=ctx)
+    return name, rate
+
+
+def _sub_object(parent: Mapping[str, Any], key: str, *, param: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProtocolError(codes.BAD_EVENT, f"{param} must be an object", param=param, **ctx)
+    return value
+
+
+def _session_input_format(config: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(format, rate) the session config names, flat keys first, then GA ``audio.input.format``."""
+    fmt = config.get("input_audio_format")
+    rate = config.get("sample_rate_hz")
+    audio = config.get("audio")
+    if isinstance(audio, dict) and isinstance(audio.get("input"), dict):
+        ga = audio["input"].get("format")
+        if isinstance(ga, dict):
+            fmt = fmt if fmt is not None else ga.get("type")
+            rate = rate if rate is not None else ga.get("rate")
+        elif isinstance(ga, str) and fmt is None:
+            fmt = ga
+    return fmt, rate
+
+
+def resolve_input_format(append: InputAudioBufferAppend, session_config: Mapping[str, Any]) -> str:
+    """The canonical input format (``pcm16`` or ``pcm_f32le``) of one append: the append's own
+    ``format``/``input_audio_format``/``sample_rate_hz`` first, then the session's, then
+    ``pcm16`` @ 24000. Anything but those two formats at 24 kHz -> ``unsupported_audio_format``."""
+    ctx: dict[str, Any] = {"event_type": append.TYPE, "client_event_id": append.event_id}
+    fmt: Any = append.format if append.format is not None else append.input_audio_format
+    rate: Any = append.sample_rate_hz
+    fmt_param, rate_param = "format", "sample_rate_hz"
+    if fmt is None or rate is None:
+        session_fmt, session_rate = _session_input_format(session_config)
+        if fmt is None:
+            fmt, fmt_param = session_fmt, "session.input_audio_format"
+        if rate is None:
+            rate, rate_param = session_rate, "session.sample_rate_hz"
+    name = _format_name(fmt if fmt is not None else DEFAULT_INPUT_FORMAT, param=fmt_param, ctx=ctx)
+    if rate is not None:
+        _check_rate(rate, param=rate_param, ctx=ctx)
+    return name
+
+
+def decode_append(append: InputAudioBufferAppend, session_config: Mapping[str, Any]) -> tuple[bytes, str]:
+    """``(audio bytes, canonical format)`` of an append, ready for ``SessionHandle.append_bytes``
+    (which checks the byte length and the samples' finiteness)."""
+    fmt = resolve_input_format(append, session_config)
+    return decode_audio_b64(append.audio, client_event_id=append.event_id, event_type=append.TYPE), fmt
+
+
+# -- session config ----------------------------------------------------------------------------
+def normalize_session_config(
+    session: Any, *, client_event_id: str | None = None, event_type: str | None = "session.update"
+) -> dict[str, Any]:
+    """The flat config the session core reads, from a client's session object.
+
+    GA fields map onto the flat keys (``audio.output.voice`` -> ``voice``,
+    ``audio.input.format`` -> ``input_audio_format``/``sample_rate_hz``) unless the message also
+    gives the flat key; the server-owned ``id``/``object``/``model``/``capabilities`` are
+    dropped; audio formats are validated (input pcm16 or pcm_f32le, output pcm16, 24 kHz);
+    every other key is kept and echoed.
+    """
+    ctx: dict[str, Any] = {"event_type": event_type, "client_event_id": client_event_id}
+    if not isinstance(session, dict):
+        raise ProtocolError(
+            codes.BAD_EVENT, f"session must be an object, not {_json_type(session)}", param="session", **ctx
+        )
+    if len(json.dumps(session, default=str)) > MAX_SESSION_CONFIG_BYTES:
+        raise ProtocolError(
+            codes.BAD_EVENT,
+            f"session config larger than {MAX_SESSION_CONFIG_BYTES} bytes",
+            param="session",
+            **ctx,
+        )
+    out = {k: v for k, v in session.items() if k not in SERVER_OWNED_SESSION_KEYS}
+    audio = _sub_object(out, "audio", param="session.audio", ctx=ctx)
+    audio_in = _sub_object(audio, "input", param="session.audio.input", ctx=ctx)
+    audio_out = _sub_object(audio, "output", param="session.audio.output", ctx=ctx)
+    if audio_in.get("format") is not None:
+        name, rate = _ga_format(audio_in["format"], param="session.audio.input.format", ctx=ctx)
+        out.setdefault("input_audio_format", name)
+        if rate is not None:
+            out.setdefault("sample_rate_hz", rate)
+    if audio_out.get("format") is not None:
+        name, _ = _ga_format(audio_out["format"], param="session.audio.output.format", ctx=ctx)
+        if name != "pcm16":
+            raise ProtocolError(
+                codes.UNSUPPORTED_AUDIO_FORMAT,
+                "output audio is pcm16 (audio/pcm) at 24000 Hz",
+                param="session.audio.output.format",
+                **ctx,
+            )
+    ga_voice = audio_out.get("voice")
+    if ga_voice is not None:
+        if "voice" in out and out["voice"] != ga_voice:
+            raise ProtocolError(
+                codes.INVALID_VALUE,
+                "session.voice and session.audio.output.voice disagree",
+                param="session.audio.output.voice",
+                **ctx,
+            )
+        out["voice"] = ga_voice
+    if out.get("input_audio_format") is not None:
+        out["input_audio_format"] = _format_name(
+            out["input_audio_format"], param="session.input_audio_format", ctx=ctx
+        )
+    if out.get("sample_rate_hz") is not None:
+        _check_rate(out["sample_rate_hz"], param="session.sample_rate_hz", ctx=ctx)
+    if out.get("output_audio_format") is not None:
+        name = _format_name(out["output_audio_format"], param="session.output_audio_format", ctx=ctx)
+        if name != "pcm16":
+            raise ProtocolError(
+                codes.UNSUPPORTED_AUDIO_FORMAT,
+                "output_audio_format must be pcm16 (24000 Hz)",
+                param="session.output_audio_format",
+                **ctx,
+            )
+    return out

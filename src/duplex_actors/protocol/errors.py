@@ -1,0 +1,107 @@
+"""The wire error codes of the spec (wire-protocol.md §4) and the exception the codec raises.
+
+Each code maps to the OpenAI ``error.type`` it is reported under: ``rate_limit_error`` when the
+server is full, ``server_error`` when the server failed, ``invalid_request_error`` for every
+client mistake (including codes this module does not list, such as those of a model family).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+ErrorType = Literal["invalid_request_error", "rate_limit_error", "server_error"]
+
+INVALID_JSON: Final = "invalid_json"
+BAD_EVENT: Final = "bad_event"
+UNKNOWN_EVENT: Final = "unknown_event"
+INVALID_VALUE: Final = "invalid_value"
+BAD_AUDIO: Final = "bad_audio"
+UNSUPPORTED_AUDIO_FORMAT: Final = "unsupported_audio_format"
+INPUT_BACKPRESSURE: Final = "input_backpressure"
+INVALID_VOICE: Final = "invalid_voice"
+VOICE_UPDATE_UNSUPPORTED: Final = "voice_update_unsupported"
+PERSONA_UPDATE_UNSUPPORTED: Final = "persona_update_unsupported"
+INVALID_DUPLEX_RUNTIME_CONFIG: Final = "invalid_duplex_runtime_config"
+MODEL_NOT_FOUND: Final = "model_not_found"
+RESPONSE_CANCEL_NOT_ACTIVE: Final = "response_cancel_not_active"
+COMMIT_UNSUPPORTED: Final = "commit_unsupported"
+RESPONSE_CREATE_UNSUPPORTED: Final = "response_create_unsupported"
+CONFIG_TIMEOUT: Final = "config_timeout"
+RESOURCE_EXHAUSTED: Final = "resource_exhausted"
+SESSION_CLOSED: Final = "session_closed"
+LOG_UNAVAILABLE: Final = "log_unavailable"
+UNAUTHORIZED: Final = "unauthorized"
+INTERNAL_ERROR: Final = "internal_error"
+
+CODES: Final[tuple[str, ...]] = (
+    INVALID_JSON,
+    BAD_EVENT,
+    UNKNOWN_EVENT,
+    INVALID_VALUE,
+    BAD_AUDIO,
+    UNSUPPORTED_AUDIO_FORMAT,
+    INPUT_BACKPRESSURE,
+    INVALID_VOICE,
+    VOICE_UPDATE_UNSUPPORTED,
+    PERSONA_UPDATE_UNSUPPORTED,
+    INVALID_DUPLEX_RUNTIME_CONFIG,
+    MODEL_NOT_FOUND,
+    RESPONSE_CANCEL_NOT_ACTIVE,
+    COMMIT_UNSUPPORTED,
+    RESPONSE_CREATE_UNSUPPORTED,
+    CONFIG_TIMEOUT,
+    RESOURCE_EXHAUSTED,
+    SESSION_CLOSED,
+    LOG_UNAVAILABLE,
+    UNAUTHORIZED,
+    INTERNAL_ERROR,
+)
+
+ERROR_TYPES: Final[dict[str, ErrorType]] = {
+    RESOURCE_EXHAUSTED: "rate_limit_error",
+    INTERNAL_ERROR: "server_error",
+    LOG_UNAVAILABLE: "server_error",
+}
+
+# Client-supplied text ends up in messages; a hostile client must not make error frames huge.
+MAX_MESSAGE_CHARS: Final = 1024
+
+
+def error_type(code: str) -> ErrorType:
+    """The ``error.type`` a code is reported under (unknown codes: ``invalid_request_error``)."""
+    return ERROR_TYPES.get(code, "invalid_request_error")
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ProtocolError(Exception):
+    """An inbound message the server refuses; the session (if any) stays usable.
+
+    ``event_type`` and ``client_event_id`` are those of the refused event when they could be
+    read, so the error can echo them; ``param`` names the offending field, when known.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        event_type: str | None = None,
+        client_event_id: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = clip(message)
+        self.event_type = event_type
+        self.client_event_id = client_event_id
+        self.param = param
+
+    @property
+    def error_type(self) -> ErrorType:
+        return error_type(self.code)
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.code!r}, {self.message!r}, event_type={self.event_type!r})"

@@ -1,0 +1,605 @@
+"""The wire events of both dialects as frozen attrs classes (wire-protocol.md §4 and §5).
+
+Client events are what :mod:`.codec` parses into (its converter tags them on ``type``).
+Server events describe what :mod:`.realtime` and :mod:`.native` send: the projections build
+plain dicts for speed, and :mod:`.schemas` turns these classes into the JSON Schemas those
+dicts are checked against, so a drift between the two fails the tests.
+
+Every class has ``TYPE`` (its ``type`` on the wire); a Realtime server event that OpenAI's
+beta vocabulary (``OpenAI-Beta: realtime=v1``) names differently also has ``BETA_TYPE``
+(``None``: the event has no beta counterpart and beta clients do not get it; absent: the same
+name in both). ``EXTRA_PROPERTIES`` marks objects that carry free-form keys besides their
+fields, and ``FLATTEN`` names a dict field whose keys sit at the event's top level.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+Dialect = Literal["realtime", "native"]
+
+
+# -- client events (both dialects) -----------------------------------------------------------
+@attrs.frozen(slots=True)
+class SessionUpdate:
+    TYPE: ClassVar[str] = "session.update"
+    session: dict[str, Any]
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class InputAudioBufferAppend:
+    """``audio`` is base64; ``format``/``input_audio_format``/``sample_rate_hz`` override the
+    session's input format for this chunk only."""
+
+    TYPE: ClassVar[str] = "input_audio_buffer.append"
+    audio: str
+    format: str | None = None
+    input_audio_format: str | None = None
+    sample_rate_hz: int | None = None
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class InputAudioBufferClear:
+    TYPE: ClassVar[str] = "input_audio_buffer.clear"
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class InputAudioBufferCommit:
+    """Meaningless for a lockstep model: refused with ``commit_unsupported``."""
+
+    TYPE: ClassVar[str] = "input_audio_buffer.commit"
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ResponseCreate:
+    """Meaningless for a lockstep model: refused with ``response_create_unsupported``."""
+
+    TYPE: ClassVar[str] = "response.create"
+    response: dict[str, Any] | None = None
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ResponseCancel:
+    """Cancels the active response; ``response_id`` is accepted and not checked (one response
+    at a time)."""
+
+    TYPE: ClassVar[str] = "response.cancel"
+    response_id: str | None = None
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class OutputAudioBufferClear:
+    TYPE: ClassVar[str] = "output_audio_buffer.clear"
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class SessionClose:
+    TYPE: ClassVar[str] = "session.close"
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class SessionHeartbeat:
+    TYPE: ClassVar[str] = "session.heartbeat"
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class PlaybackAck:
+    """Any keys besides ``type`` and ``event_id`` are the payload, echoed in
+    ``playback.acknowledged``."""
+
+    TYPE: ClassVar[str] = "playback.ack"
+    FLATTEN: ClassVar[str] = "payload"
+    payload: dict[str, Any] = attrs.field(factory=dict)
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class SessionCreate:
+    """Native only, and only as the first message: the config under ``session`` or at the
+    top level; ``binary_output`` (either place) asks for output audio as binary messages."""
+
+    TYPE: ClassVar[str] = "session.create"
+    EXTRA_PROPERTIES: ClassVar[bool] = True
+    session: dict[str, Any] = attrs.field(factory=dict)
+    binary_output: bool = False
+    event_id: str | None = None
+
+
+RealtimeClientEvent = (
+    SessionUpdate
+    | InputAudioBufferAppend
+    | InputAudioBufferClear
+    | InputAudioBufferCommit
+    | ResponseCreate
+    | ResponseCancel
+    | OutputAudioBufferClear
+    | SessionClose
+    | SessionHeartbeat
+    | PlaybackAck
+)
+NativeClientEvent = RealtimeClientEvent | SessionCreate
+ClientEvent = NativeClientEvent
+
+REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
+    SessionUpdate,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCommit,
+    ResponseCreate,
+    ResponseCancel,
+    OutputAudioBufferClear,
+    SessionClose,
+    SessionHeartbeat,
+    PlaybackAck,
+)
+NATIVE_CLIENT_EVENTS: tuple[type[Any], ...] = (*REALTIME_CLIENT_EVENTS, SessionCreate)
+
+
+# -- Realtime server events: nested objects ---------------------------------------------------
+@attrs.frozen(slots=True)
+class Capabilities:
+    EXTRA_PROPERTIES: ClassVar[bool] = True
+    implementation_level: str
+    chunk_period_ms: int
+    supports_client_commit: bool
+    supports_external_turn_signal: bool
+    supports_barge_in: bool
+    supports_session_resume: bool
+    supports_audio_truncate: bool
+    supports_playback_ack: bool
+    supports_input_append: bool
+    supports_multi_session: bool
+    supports_multi_session_same_replica: bool
+    input_modes: list[str]
+
+
+@attrs.frozen(slots=True)
+class SessionObject:
+    """Server-owned keys; every other key is the effective session config, echoed."""
+
+    EXTRA_PROPERTIES: ClassVar[bool] = True
+    id: str
+    object: Literal["realtime.session"]
+    model: str
+    capabilities: Capabilities
+
+
+@attrs.frozen(slots=True)
+class ItemContent:
+    type: Literal["output_audio", "audio"]
+    transcript: str
+
+
+@attrs.frozen(slots=True)
+class Item:
+    id: str
+    object: Literal["realtime.item"]
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: Literal["in_progress", "incomplete"]
+    content: list[ItemContent]
+
+
+@attrs.frozen(slots=True)
+class StatusDetails:
+    type: Literal["cancelled"]
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class Response:
+    """GA sends ``output_modalities``, beta ``modalities``."""
+
+    id: str
+    object: Literal["realtime.response"]
+    status: Literal["in_progress", "cancelled"]
+    status_details: StatusDetails | None
+    output: list[Item]
+    output_modalities: list[str] | None = None
+    modalities: list[str] | None = None
+
+
+@attrs.frozen(slots=True)
+class ContentPart:
+    type: Literal["audio"]
+    transcript: str
+
+
+@attrs.frozen(slots=True)
+class AudioMetadata:
+    epoch: int
+    frame_index: int
+    audio_duration_ms: int
+
+
+@attrs.frozen(slots=True)
+class ErrorDetail:
+    type: Literal["invalid_request_error", "rate_limit_error", "server_error"]
+    code: str
+    message: str
+    param: str | None
+    event_id: str | None
+
+
+# -- Realtime server events --------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class RealtimeSessionCreated:
+    TYPE: ClassVar[str] = "session.created"
+    event_id: str
+    session: SessionObject
+
+
+@attrs.frozen(slots=True)
+class RealtimeSessionUpdated:
+    TYPE: ClassVar[str] = "session.updated"
+    event_id: str
+    session: SessionObject
+
+
+@attrs.frozen(slots=True)
+class RealtimeResponseCreated:
+    TYPE: ClassVar[str] = "response.created"
+    event_id: str
+    response: Response
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputItemAdded:
+    TYPE: ClassVar[str] = "response.output_item.added"
+    event_id: str
+    response_id: str
+    output_index: int
+    item: Item
+
+
+@attrs.frozen(slots=True)
+class RealtimeConversationItemAdded:
+    TYPE: ClassVar[str] = "conversation.item.added"
+    BETA_TYPE: ClassVar[str | None] = "conversation.item.created"
+    event_id: str
+    previous_item_id: str | None
+    item: Item
+
+
+@attrs.frozen(slots=True)
+class RealtimeContentPartAdded:
+    TYPE: ClassVar[str] = "response.content_part.added"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    part: ContentPart
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputAudioDelta:
+    """``delta``: base64 PCM16 LE mono 24 kHz, whole 80 ms frames."""
+
+    TYPE: ClassVar[str] = "response.output_audio.delta"
+    BETA_TYPE: ClassVar[str | None] = "response.audio.delta"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    sample_rate_hz: Literal[24000]
+    metadata: AudioMetadata
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputAudioTranscriptDelta:
+    TYPE: ClassVar[str] = "response.output_audio_transcript.delta"
+    BETA_TYPE: ClassVar[str | None] = "response.audio_transcript.delta"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputAudioBufferCleared:
+    TYPE: ClassVar[str] = "output_audio_buffer.cleared"
+    event_id: str
+    response_id: str | None
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputAudioDone:
+    TYPE: ClassVar[str] = "response.output_audio.done"
+    BETA_TYPE: ClassVar[str | None] = "response.audio.done"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputAudioTranscriptDone:
+    TYPE: ClassVar[str] = "response.output_audio_transcript.done"
+    BETA_TYPE: ClassVar[str | None] = "response.audio_transcript.done"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    transcript: str
+
+
+@attrs.frozen(slots=True)
+class RealtimeContentPartDone:
+    TYPE: ClassVar[str] = "response.content_part.done"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    part: ContentPart
+
+
+@attrs.frozen(slots=True)
+class RealtimeOutputItemDone:
+    TYPE: ClassVar[str] = "response.output_item.done"
+    event_id: str
+    response_id: str
+    output_index: int
+    item: Item
+
+
+@attrs.frozen(slots=True)
+class RealtimeConversationItemDone:
+    """GA only: the beta vocabulary has no counterpart."""
+
+    TYPE: ClassVar[str] = "conversation.item.done"
+    BETA_TYPE: ClassVar[str | None] = None
+    event_id: str
+    previous_item_id: str | None
+    item: Item
+
+
+@attrs.frozen(slots=True)
+class RealtimeResponseDone:
+    TYPE: ClassVar[str] = "response.done"
+    event_id: str
+    response: Response
+
+
+@attrs.frozen(slots=True)
+class RealtimeRateLimitsUpdated:
+    TYPE: ClassVar[str] = "rate_limits.updated"
+    event_id: str
+    rate_limits: list[dict[str, Any]]
+
+
+@attrs.frozen(slots=True)
+class RealtimeSpeechStarted:
+    TYPE: ClassVar[str] = "input_audio_buffer.speech_started"
+    event_id: str
+    audio_start_ms: int
+    item_id: str
+
+
+@attrs.frozen(slots=True)
+class RealtimeInputAudioBufferCleared:
+    TYPE: ClassVar[str] = "input_audio_buffer.cleared"
+    event_id: str
+
+
+@attrs.frozen(slots=True)
+class RealtimeHeartbeatAck:
+    TYPE: ClassVar[str] = "session.heartbeat_ack"
+    event_id: str
+    client_event_id: str | None
+
+
+@attrs.frozen(slots=True)
+class RealtimePlaybackAcknowledged:
+    TYPE: ClassVar[str] = "playback.acknowledged"
+    event_id: str
+    client_event_id: str | None
+    payload: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class RealtimeError:
+    TYPE: ClassVar[str] = "error"
+    event_id: str
+    error: ErrorDetail
+
+
+@attrs.frozen(slots=True)
+class RealtimeSessionClosing:
+    TYPE: ClassVar[str] = "session.closing"
+    event_id: str
+    session_id: str
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class RealtimeSessionClosed:
+    TYPE: ClassVar[str] = "session.closed"
+    event_id: str
+    session_id: str
+    reason: str
+
+
+REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
+    RealtimeSessionCreated,
+    RealtimeSessionUpdated,
+    RealtimeResponseCreated,
+    RealtimeOutputItemAdded,
+    RealtimeConversationItemAdded,
+    RealtimeContentPartAdded,
+    RealtimeOutputAudioDelta,
+    RealtimeOutputAudioTranscriptDelta,
+    RealtimeOutputAudioBufferCleared,
+    RealtimeOutputAudioDone,
+    RealtimeOutputAudioTranscriptDone,
+    RealtimeContentPartDone,
+    RealtimeOutputItemDone,
+    RealtimeConversationItemDone,
+    RealtimeResponseDone,
+    RealtimeRateLimitsUpdated,
+    RealtimeSpeechStarted,
+    RealtimeInputAudioBufferCleared,
+    RealtimeHeartbeatAck,
+    RealtimePlaybackAcknowledged,
+    RealtimeError,
+    RealtimeSessionClosing,
+    RealtimeSessionClosed,
+)
+
+
+def wire_type(cls: type[Any], *, beta: bool) -> str | None:
+    """The ``type`` a Realtime server event class has on the wire (``None``: not sent)."""
+    if not beta:
+        return str(cls.TYPE)
+    name: str | None = getattr(cls, "BETA_TYPE", cls.TYPE)
+    return name
+
+
+# -- native server events (flat) ---------------------------------------------------------------
+@attrs.frozen(slots=True)
+class NativeSessionCreated:
+    TYPE: ClassVar[str] = "session.created"
+    session_id: str
+    session: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class NativeSessionUpdated:
+    TYPE: ClassVar[str] = "session.updated"
+    session_id: str
+    session: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class NativeResponseCreated:
+    TYPE: ClassVar[str] = "response.created"
+    response_id: str
+    epoch: int
+
+
+@attrs.frozen(slots=True)
+class NativeOutputAudioDelta:
+    """``audio``: base64 PCM16 LE mono 24 kHz; ``text``: the text of that frame."""
+
+    TYPE: ClassVar[str] = "response.output_audio.delta"
+    response_id: str
+    epoch: int
+    frame_index: int
+    audio: str
+    text: str
+
+
+@attrs.frozen(slots=True)
+class NativeOutputTranscriptDelta:
+    """With ``binary_output`` the audio goes out as a binary message and a frame's text,
+    when there is any, as this event right after it."""
+
+    TYPE: ClassVar[str] = "response.output_audio_transcript.delta"
+    response_id: str
+    epoch: int
+    frame_index: int
+    text: str
+
+
+@attrs.frozen(slots=True)
+class NativeResponseDone:
+    TYPE: ClassVar[str] = "response.done"
+    response_id: str
+    epoch: int
+    status: Literal["cancelled"]
+    reason: str
+    transcript: str
+    frames: int
+
+
+@attrs.frozen(slots=True)
+class NativeSpeechStarted:
+    TYPE: ClassVar[str] = "input_audio_buffer.speech_started"
+    epoch: int
+    frame_index: int
+    item_id: str
+
+
+@attrs.frozen(slots=True)
+class NativeInputCleared:
+    TYPE: ClassVar[str] = "input_audio_buffer.cleared"
+    client_event_id: str | None
+
+
+@attrs.frozen(slots=True)
+class NativeOutputCleared:
+    TYPE: ClassVar[str] = "output_audio_buffer.cleared"
+    response_id: str | None
+    client_event_id: str | None
+
+
+@attrs.frozen(slots=True)
+class NativeHeartbeatAck:
+    TYPE: ClassVar[str] = "session.heartbeat_ack"
+    client_event_id: str | None
+
+
+@attrs.frozen(slots=True)
+class NativePlaybackAcknowledged:
+    TYPE: ClassVar[str] = "playback.acknowledged"
+    client_event_id: str | None
+    payload: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class NativeError:
+    TYPE: ClassVar[str] = "error"
+    error: str
+    code: str
+    client_event_id: str | None
+    param: str | None
+
+
+@attrs.frozen(slots=True)
+class NativeSessionClosing:
+    TYPE: ClassVar[str] = "session.closing"
+    session_id: str
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class NativeSessionClosed:
+    TYPE: ClassVar[str] = "session.closed"
+    session_id: str
+    reason: str
+
+
+NATIVE_SERVER_EVENTS: tuple[type[Any], ...] = (
+    NativeSessionCreated,
+    NativeSessionUpdated,
+    NativeResponseCreated,
+    NativeOutputAudioDelta,
+    NativeOutputTranscriptDelta,
+    NativeResponseDone,
+    NativeSpeechStarted,
+    NativeInputCleared,
+    NativeOutputCleared,
+    NativeHeartbeatAck,
+    NativePlaybackAcknowledged,
+    NativeError,
+    NativeSessionClosing,
+    NativeSessionClosed,
+)

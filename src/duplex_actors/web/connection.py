@@ -1,0 +1,188 @@
+"""One WebSocket connection: a reader task and a writer task around one session.
+
+The reader parses each client message (sans-io, ``duplex_actors.protocol``) and turns it into a
+session command; a message that fails validation is recorded in the session log as ``rejected``
+and answered with an ``error`` event, and the session goes on. The writer drains the session's
+bounded event outbox, projects each event onto the dialect and sends it. Nothing here is awaited
+by the scheduler or the session actor: if this client stops reading, the session's outbox fills
+and the session closes itself (``slow_consumer``) while the writer stays blocked in the send
+until TCP gives up (``TCP_USER_TIMEOUT``).
+
+Close codes: client close and idle timeout 1000, server drain 1012 (after ``session.closing``),
+runtime failures 1011, admission refused 1013, policy (bad first message, wrong model) 1008.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..protocol import codec
+from ..protocol.errors import ProtocolError
+from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle
+from ..session import events as ev
+
+log = logging.getLogger(__name__)
+
+CLOSE_CODES = {
+    "client_close": 1000,
+    "timeout": 1000,
+    "server_shutdown": 1012,
+    "error": 1011,
+    "log_unavailable": 1011,
+    "slow_consumer": 1011,
+}
+CONFIG_TIMEOUT_S = 10.0
+
+
+def capabilities(max_sessions: int) -> dict[str, Any]:
+    """The session object's ``capabilities`` for model-native duplex (identical for every session)."""
+    multi = max_sessions > 1
+    return {
+        "implementation_level": "model_native_duplex",
+        "chunk_period_ms": 80,
+        "supports_client_commit": False,
+        "supports_external_turn_signal": False,
+        "supports_barge_in": False,
+        "supports_session_resume": False,
+        "supports_audio_truncate": False,
+        "supports_playback_ack": True,
+        "supports_input_append": True,
+        "supports_multi_session": multi,
+        "supports_multi_session_same_replica": multi,
+        "input_modes": ["append_audio_chunk"],
+    }
+
+
+class Transport:
+    """What a connection needs from the WebSocket (quart's ``websocket`` in the app)."""
+
+    def __init__(
+        self,
+        receive: Callable[[], Any],
+        send: Callable[[Any], Any],
+        close: Callable[[int, str], Any],
+    ) -> None:
+        self.receive = receive
+        self.send = send
+        self.close = close
+
+
+class Connection:
+    def __init__(
+        self,
+        server: DuplexServer,
+        transport: Transport,
+        *,
+        dialect: Any,
+        idle_timeout_s: float,
+        counters: Any,
+    ) -> None:
+        self.server = server
+        self.transport = transport
+        self.dialect = dialect
+        self.idle_timeout_s = idle_timeout_s
+        self.counters = counters
+        self.session: SessionHandle | None = None
+        self.draining = False
+        self._closing_sent = False
+        self._closed_code: int | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # -- sending ---------------------------------------------------------------------------------
+    async def _send_obj(self, message: Any) -> None:
+        if isinstance(message, bytes):
+            await self.transport.send(message)
+        else:
+            await self.transport.send(json.dumps(message, separators=(",", ":")))
+
+    async def _close(self, code: int, reason: str = "") -> None:
+        if self._closed_code is None:
+            self._closed_code = code
+            self.counters.close_codes[code] += 1
+            await self.transport.close(code, reason)
+
+    async def refuse(
+        self, code: str, message: str, close_code: int, client_event_id: str | None = None
+    ) -> None:
+        self.counters.refused[code] += 1
+        await self._send_obj(self.dialect.refusal(code, message, client_event_id))
+        await self._close(close_code, code)
+
+    # -- the connection --------------------------------------------------------------------------
+    async def run(self, first_message: Any = None, config: dict[str, Any] | None = None) -> None:
+        """Open the session (admission), then read and write until it closes."""
+        try:
+            self.session = await self.server.open_session(
+                config or {}, dialect=self.dialect.name, output=self.dialect.output
+            )
+        except ResourceExhausted as exc:
+            await self.refuse("resource_exhausted", str(exc), 1013)
+            return
+        except LogUnavailable as exc:
+            await self.refuse("log_unavailable", str(exc), 1011)
+            return
+        projection = self.dialect.projection(self.session.session_id)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._writer, projection)
+                if first_message is not None:
+                    await self._handle(first_message)
+                await self._reader()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.session is not None and not self.session.closed:
+                    await self.session.disconnect()
+
+    def drain(self) -> None:
+        """Server shutdown: tell the client, close the session, close the socket with 1012."""
+        self.draining = True
+        if self.session is not None and self._nursery is not None:
+            self._nursery.start_soon(self.session.close, "server_shutdown")
+
+    async def _writer(self, projection: Any) -> None:
+        assert self.session is not None
+        async for event in self.session.events():
+            if self.draining and not self._closing_sent:
+                self._closing_sent = True
+                await self._send_obj(projection.closing_event("server_shutdown"))
+            for message in projection.project(event):
+                await self._send_obj(message)
+            if isinstance(event, ev.SessionClosed):
+                code = CLOSE_CODES.get(event.reason)
+                if code is not None:
+                    await self._close(code, event.reason)
+                break
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _reader(self) -> None:
+        assert self.session is not None
+        while not self.session.closed:
+            with trio.move_on_after(self.idle_timeout_s) as idle:
+                data = await self.transport.receive()
+            if idle.cancelled_caught:
+                await self.session.close("timeout")
+                return
+            await self._handle(data)
+
+    async def _handle(self, data: Any) -> None:
+        session = self.session
+        assert session is not None
+        try:
+            command = self.dialect.parse(data, session.core.config)
+        except ProtocolError as err:
+            await session.reject(err.event_type or "unknown", err.code, err.message, err.client_event_id)
+            return
+        try:
+            await command(session)
+        except trio.ClosedResourceError:
+            pass  # the session ended meanwhile (slow consumer, log failure): the writer closes
+
+
+__all__ = ["CONFIG_TIMEOUT_S", "Connection", "Transport", "capabilities", "codec"]

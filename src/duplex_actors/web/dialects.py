@@ -1,0 +1,154 @@
+"""The two WebSocket dialects, as the connection handler sees them.
+
+A dialect parses a client message into a session command (an async callable on the
+``SessionHandle``) and projects session events onto its wire vocabulary. Parsing and projection
+are the sans-io ``duplex_actors.protocol`` package; this module only maps client events onto the
+in-process session API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ..protocol import codec, errors
+from ..protocol import events as pe
+from ..protocol.errors import ProtocolError
+from ..server import SessionHandle
+
+Command = Callable[[SessionHandle], Awaitable[None]]
+
+
+def _command(event: Any, config: Mapping[str, Any]) -> Command:
+    """The session call for one parsed client event (both dialects share the commands)."""
+    eid = event.event_id
+    if isinstance(event, pe.InputAudioBufferAppend):
+        audio, fmt = codec.decode_append(event, config)
+        return lambda s: s.append_bytes(audio, fmt, client_event_id=eid)
+    if isinstance(event, pe.SessionUpdate):
+        cfg = codec.normalize_session_config(event.session, client_event_id=eid)
+        return lambda s: s.update(cfg, client_event_id=eid)
+    if isinstance(event, pe.InputAudioBufferClear):
+        return lambda s: s.clear_input(client_event_id=eid)
+    if isinstance(event, pe.ResponseCancel):
+        return lambda s: s.cancel(client_event_id=eid)
+    if isinstance(event, pe.OutputAudioBufferClear):
+        return lambda s: s.clear_output(client_event_id=eid)
+    if isinstance(event, pe.SessionHeartbeat):
+        return lambda s: s.heartbeat(client_event_id=eid)
+    if isinstance(event, pe.PlaybackAck):
+        payload = dict(event.payload)
+        return lambda s: s.playback_ack(payload, client_event_id=eid)
+    if isinstance(event, pe.SessionClose):
+        return lambda s: s.close("client_close")
+    if isinstance(event, pe.InputAudioBufferCommit):
+        raise ProtocolError(
+            errors.COMMIT_UNSUPPORTED,
+            "input_audio_buffer.commit is meaningless for a lockstep duplex model: audio is "
+            "consumed frame by frame as it arrives",
+            event_type=event.TYPE,
+            client_event_id=eid,
+        )
+    if isinstance(event, pe.ResponseCreate):
+        raise ProtocolError(
+            errors.RESPONSE_CREATE_UNSUPPORTED,
+            "response.create is meaningless for a lockstep duplex model: it always responds",
+            event_type=event.TYPE,
+            client_event_id=eid,
+        )
+    if isinstance(event, pe.SessionCreate):
+        raise ProtocolError(
+            errors.BAD_EVENT,
+            "session.create is only valid as the first message",
+            event_type=event.TYPE,
+            client_event_id=eid,
+        )
+    raise ProtocolError(errors.UNKNOWN_EVENT, f"unhandled event {type(event).__name__}", client_event_id=eid)
+
+
+class RealtimeDialect:
+    """OpenAI Realtime projection (GA names, or beta names for ``OpenAI-Beta: realtime=v1``)."""
+
+    name = "realtime"
+
+    def __init__(self, *, model: str, capabilities: dict[str, Any], beta: bool) -> None:
+        from ..protocol.realtime import RealtimeProjection, refusal_error
+
+        self.model = model
+        self.capabilities = capabilities
+        self.beta = beta
+        self.output = {"names": "beta" if beta else "ga"}
+        self._projection = RealtimeProjection
+        self._refusal = refusal_error
+
+    def projection(self, session_id: str) -> Any:
+        return self._projection(session_id, self.model, self.capabilities, beta=self.beta)
+
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
+        return self._refusal(code, message, client_event_id)
+
+    def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
+        if not isinstance(data, str):
+            raise ProtocolError(
+                errors.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
+            )
+        return _command(codec.parse_client_text(data, dialect="realtime"), config)
+
+    def first_message(self, data: Any) -> tuple[dict[str, Any], Any]:
+        """With ``autostart=0``: a ``session.update`` opens the session with its config;
+        any other first message opens a default session and is then processed normally."""
+        if isinstance(data, str):
+            try:
+                event = codec.parse_client_text(data, dialect="realtime")
+            except ProtocolError:
+                return {}, data
+            if isinstance(event, pe.SessionUpdate):
+                try:
+                    return codec.normalize_session_config(event.session, client_event_id=event.event_id), None
+                except ProtocolError:
+                    return {}, data
+        return {}, data
+
+
+class NativeDialect:
+    """``/v1/duplex``: flat events, binary audio both ways (``binary_output``)."""
+
+    name = "native"
+
+    def __init__(self) -> None:
+        self.binary_output = False
+        self.output: dict[str, Any] = {"binary_output": False}
+
+    def projection(self, session_id: str) -> Any:
+        from ..protocol.native import NativeProjection
+
+        return NativeProjection(session_id, binary_output=self.binary_output)
+
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
+        from ..protocol.native import refusal_error
+
+        return refusal_error(code, message, client_event_id)
+
+    def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
+        if isinstance(data, bytes | bytearray | None):
+            audio = codec.parse_client_binary(bytes(data or b""))
+            fmt = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
+            return lambda s: s.append_bytes(audio, fmt)
+        return _command(codec.parse_client_text(data, dialect="native"), config)
+
+    def first_message(self, data: Any) -> tuple[dict[str, Any], Any]:
+        """The first message must be ``session.create``; raises ProtocolError otherwise."""
+        if not isinstance(data, str):
+            raise ProtocolError(errors.BAD_EVENT, "the first message must be session.create (JSON text)")
+        event = codec.parse_client_text(data, dialect="native")
+        if not isinstance(event, pe.SessionCreate):
+            raise ProtocolError(
+                errors.BAD_EVENT,
+                f"the first message must be session.create, got {getattr(event, 'TYPE', '?')}",
+                client_event_id=event.event_id,
+            )
+        self.binary_output = bool(event.binary_output)
+        self.output = {"binary_output": self.binary_output}
+        return codec.normalize_session_config(
+            event.session, client_event_id=event.event_id, event_type=event.TYPE
+        ), None

@@ -1,0 +1,124 @@
+"""A real ``duplex-actors serve`` process on a random loopback port, and WebSocket helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+EXE = str(Path(sys.executable).with_name("duplex-actors"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@attrs.define
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    port: int
+    log_dir: Path
+    output: str = ""
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def json(self, path: str) -> tuple[int, dict]:
+        status, body = http_get(self.base + path)
+        return status, json.loads(body)
+
+    def wait(self, timeout: float = 30) -> int:
+        """Wait for the process to exit by itself (e.g. after a signal already sent)."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.output += out or ""
+        return int(self.proc.returncode)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.output += out or ""
+        return int(self.proc.returncode)
+
+
+def start_server(
+    tmp_path: Path, *args: str, model: str = "tiny-parrot", env: dict[str, str] | None = None
+) -> ServerProcess:
+    port = free_port()
+    log_dir = tmp_path / "sessions"
+    proc = subprocess.Popen(
+        [EXE, "serve", "--model", model, "--port", str(port), "--log-dir", str(log_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    server = ServerProcess(proc, port, log_dir)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            server.stop()
+            raise RuntimeError(f"server exited early:\n{server.output}")
+        try:
+            status, _ = http_get(server.base + "/ready")
+        except OSError:
+            status = 0
+        if status == 200:
+            return server
+        time.sleep(0.2)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"server not ready in 90 s:\n{server.output}")
+
+
+@pytest.fixture(scope="module")
+def parrot_server(tmp_path_factory, parrot_dir) -> Iterator[ServerProcess]:
+    """``--model tiny-parrot --max-sessions 2``, shared by a test module."""
+    server = start_server(tmp_path_factory.mktemp("parrot"), "--max-sessions", "2")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_server(tmp_path, parrot_dir):
+    """Start a server with extra arguments for one test: ``fresh_server("--api-key", "k")``."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str, model: str = "tiny-parrot", env: dict[str, str] | None = None) -> ServerProcess:
+        server = start_server(tmp_path / f"s{len(started)}", *args, model=model, env=env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
