@@ -67,6 +67,7 @@ class ModelHolder:
     async def run(self) -> None:
         """Load, serve the in-process server until cancelled; /ready is 200 in between."""
         from .server import open_duplex_server
+        from .session.core import SessionLimits
         from .session.events import AudioFrame
 
         cfg = self.config
@@ -76,6 +77,8 @@ class ModelHolder:
             log_dir=cfg.log_dir,
             log_max_age_s=cfg.log_max_age_s,
             log_max_bytes=cfg.log_max_bytes,
+            limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
+            outbox_size=cfg.outbox_events,
         ) as server:
             server.counters = self.counters
             started = time.perf_counter()

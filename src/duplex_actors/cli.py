@@ -31,6 +31,8 @@ def _serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None,
         allowed_origins=tuple(args.allowed_origin),
         idle_timeout_s=args.idle_timeout,
+        input_buffer_bytes=args.input_buffer_bytes,
+        outbox_events=args.outbox_events,
     )
     hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]

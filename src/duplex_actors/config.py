@@ -29,6 +29,8 @@ class ServerConfig:
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     idle_timeout_s: float = 300.0
+    input_buffer_bytes: int = 16 * 1024 * 1024
+    outbox_events: int = 4096
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ServerConfig:
@@ -48,4 +50,6 @@ class ServerConfig:
                 o.strip() for o in env.get("DUPLEX_ALLOWED_ORIGINS", "").split(",") if o.strip()
             ),
             idle_timeout_s=float(env.get("DUPLEX_IDLE_TIMEOUT", "300")),
+            input_buffer_bytes=int(env.get("DUPLEX_INPUT_BUFFER_BYTES", str(16 * 1024 * 1024))),
+            outbox_events=int(env.get("DUPLEX_OUTBOX_EVENTS", "4096")),
         )

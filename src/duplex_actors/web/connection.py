@@ -127,6 +127,7 @@ class Connection:
             await self.refuse("log_unavailable", str(exc), 1011)
             return
         projection = self.dialect.projection(self.session.session_id)
+        reason = "disconnect"  # the handler is cancelled when the client's socket drops
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -134,10 +135,13 @@ class Connection:
                 if first_message is not None:
                     await self._handle(first_message)
                 await self._reader()
+        except Exception:
+            reason = "error"
+            raise
         finally:
             with trio.CancelScope(shield=True):
                 if self.session is not None and not self.session.closed:
-                    await self.session.disconnect()
+                    await self.session.close(reason)
 
     def drain(self) -> None:
         """Server shutdown: tell the client, close the session, close the socket with 1012."""
