@@ -130,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-message-bytes", type=int, default=16 * 1024 * 1024, help="WebSocket message limit (1009)"
     )
     serve.add_argument(
+        "--input-buffer-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="per-session input not yet stepped, as float32 bytes (>= 10 s); beyond: input_backpressure",
+    )
+    serve.add_argument(
+        "--outbox-events", type=int, default=4096, help="events a client may fall behind before slow_consumer"
+    )
+    serve.add_argument(
         "--drain-timeout", type=float, default=10.0, help="seconds to close sessions on SIGTERM"
     )
     serve.add_argument("--host", default="127.0.0.1")
