@@ -243,3 +243,28 @@ async def test_retention_prunes_finished_logs_but_never_open_ones(parrot_engine,
         names = {p.name for p in tmp_path.iterdir()}
         assert names == {f"{held.session_id}.dlog"}
         assert server.logs_pruned == 1
+
+
+async def test_a_failed_reset_ends_only_that_session(parrot_engine, tmp_path, autojump_clock):
+    """A prompt the engine refuses at reset (too long for the context): that session gets the
+    error and closes; its neighbour keeps streaming."""
+    events: list = []
+    other_events: list = []
+    async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
+        other = await server.open_session()
+        server._nursery.start_soon(collect, other, other_events)
+        bad = await server.open_session({"instructions": "far too many words " * 80})
+        server._nursery.start_soon(collect, bad, events)
+        for f in session_audio(9, 4):
+            await other.append(f)
+            if not bad.closed:
+                await bad.append(f)
+            await trio.sleep(0.1)
+        with trio.fail_after(5):
+            await bad.wait_closed()
+        await other.close()
+    codes = [e.code for e in events if isinstance(e, ev.Error)]
+    assert codes == ["invalid_duplex_runtime_config"] and events[-1].reason == "error"
+    assert sum(isinstance(e, ev.AudioFrame) for e in other_events) == 4
+    assert server.scheduler.table.in_use == 0
+    assert replay_logic(tmp_path / f"{bad.session_id}.dlog").identical

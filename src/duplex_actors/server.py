@@ -16,6 +16,7 @@ records, whatever ended it.
 
 from __future__ import annotations
 
+import json
 import platform
 import secrets
 import time
@@ -95,6 +96,8 @@ class SessionHandle:
         await self._send(r.Append(audio, format, client_event_id))
 
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
+        """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""
+        json.dumps(config, allow_nan=False)
         await self._send(r.Update(dict(config), client_event_id))
 
     async def cancel(self, *, client_event_id: str | None = None) -> None:
@@ -182,6 +185,7 @@ class DuplexServer:
             raise ResourceExhausted("the server is shutting down")
         if not self.writer.healthy:
             raise LogUnavailable("a session log could not be written; not admitting sessions")
+        json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
         session_id = self._session_ids()
         self.opening.add(session_id)
         try:

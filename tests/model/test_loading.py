@@ -190,16 +190,32 @@ def test_bad_voice_names_are_refused(tiny_dir, voice):
         eng.reset(0, SessionPrompt(voice=voice, persona="x"))
 
 
-def test_malformed_voice_prompt_is_a_checkpoint_error(tiny_dir, tmp_path):
+def test_malformed_voice_prompt_is_a_checkpoint_error_at_start_up(tiny_dir, tmp_path):
+    """Every bundled voice is loaded with the engine: a bad one is named before serving starts."""
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
     torch.save(
         {"embeddings": torch.zeros(3, 1, 1, 5), "cache": torch.zeros(1, 17, 4, dtype=torch.long)},
         ckpt / "voices" / "NATM1.pt",
     )
-    eng = engine(ckpt, 1)
     with pytest.raises(CheckpointError, match=r"NATM1\.pt: 'embeddings' must be float \[N>=2,1,1,128\]"):
-        eng.reset(0, SessionPrompt(voice="NATM1.pt", persona="x"))
-    eng.reset(0, SessionPrompt(voice="NATF2.pt", persona="x"))  # the slot is still usable
+        engine(ckpt, 1)
+    good = torch.load(tiny_dir / "voices" / "NATF2.pt", weights_only=True)
+    good["cache"][0, 3, 1] = 5000  # beyond the audio card
+    torch.save(good, ckpt / "voices" / "NATM1.pt")
+    with pytest.raises(CheckpointError, match=r"NATM1\.pt: 'cache' holds token ids outside"):
+        engine(ckpt, 1)
+    (ckpt / "voices" / "NATM1.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"NATM1\.pt: not a readable PersonaPlex voice prompt"):
+        engine(ckpt, 1)
+
+
+def test_a_persona_too_long_for_the_context_is_refused(tiny_dir):
+    from duplex_actors.model.errors import InvalidRuntimeConfig
+
+    eng = engine(tiny_dir, 1)
+    with pytest.raises(InvalidRuntimeConfig, match="persona is too long"):
+        eng.reset(0, SessionPrompt(voice="NATF2.pt", persona="words and more words " * 60))
+    eng.reset(0, SessionPrompt(voice="NATF2.pt", persona="short"))
 
 
 def test_family_detection_and_defaults():

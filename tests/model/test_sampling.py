@@ -105,8 +105,14 @@ def test_seeded_sampling_is_batch_independent(tiny_dir, sampled_sessions, slot):
     alone = run_alone(engine(tiny_dir, 1), sampled_sessions[0])
     eng = engine(tiny_dir, 4)
     neighbours = [s for s in range(4) if s != slot]
+    # Neighbours with their own seeds, temperatures and top-k, reset at other ticks: a sampler
+    # that read another row's state would show here.
     for i, s in enumerate(neighbours):
-        eng.reset(s, sampled_sessions[i % 2].prompt)
+        other = SamplingConfig(
+            temperature=0.5 + 0.3 * i, temperature_text=1.0, top_k=10 * (i + 1), top_k_text=5, seed=7 + i
+        )
+        eng.reset(s, SessionPrompt(voice="NATM1.pt", persona=f"n{i}", sampling=other))
+        eng.step({s: (np.random.RandomState(i).randn(1920) * 0.2).astype(np.float32)})
     eng.reset(slot, sampled_sessions[0].prompt)
     noise = np.random.RandomState(5)
     got = []

@@ -126,3 +126,9 @@ def test_not_a_log(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert run(str(empty)).returncode == 2
+
+
+def test_a_model_that_cannot_be_loaded_is_exit_2_with_a_message(corpus, tmp_path):
+    out = run(str(corpus / GREEDY), "--model", str(tmp_path / "no-such-checkpoint"))
+    assert out.returncode == 2
+    assert "no-such-checkpoint" in out.stderr and "Traceback" not in out.stderr

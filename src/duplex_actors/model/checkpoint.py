@@ -145,7 +145,8 @@ def checkpoint_from_dir(root: Path, model_id: str | None = None) -> CheckpointFi
     if (root / MIMI_CONFIG_NAME).is_file():
         mimi_config = _read_json(root / MIMI_CONFIG_NAME, "a moshi Mimi config")
     return CheckpointFiles(
-        model_id=model_id or root.name,
+        # A local directory is named by its absolute path, so a log's header finds it again.
+        model_id=model_id or str(root.resolve()),
         root=root,
         lm=_require(root / LM_NAME, "the LM weights (safetensors)"),
         mimi=_require(root / MIMI_NAME, "the Mimi codec weights (safetensors)"),

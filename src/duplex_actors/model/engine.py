@@ -83,8 +83,9 @@ class ModelEngine(Protocol):
     @property
     def slots(self) -> int: ...
 
-    def reset(self, slot: int, prompt: SessionPrompt) -> None:
-        """Start a fresh context in ``slot`` (new session or new epoch), prefilled for ``prompt``."""
+    def reset(self, slot: int, prompt: SessionPrompt | None) -> None:
+        """Start a fresh context in ``slot`` (new session or new epoch), prefilled for
+        ``prompt``; ``None``: no prompt (the slot is being freed)."""
         ...
 
     def step(self, frames: Mapping[int, npt.NDArray[np.float32]]) -> Mapping[int, StepOutput]:

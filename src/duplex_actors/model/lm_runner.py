@@ -31,7 +31,7 @@ class SlotState:
 
 
 class LMRunner:
-    def __init__(self, lm: LMModel, batch_size: int) -> None:
+    def __init__(self, lm: LMModel, batch_size: int, *, cuda_graphs: bool = True) -> None:
         from moshi.models.lm import LMGen
 
         self.lm = lm
@@ -54,6 +54,11 @@ class LMRunner:
             support_out_of_sync=True,
         )
         self.lm_gen.streaming_forever(batch_size)
+        if not cuda_graphs:
+            state: Any = self.lm_gen._streaming_state
+            state.graphed_main.disable = True
+            if state.graphed_depth is not None:
+                state.graphed_depth.disable = True
 
     # -- hooks -------------------------------------------------------------------------------
     def _on_text(self, tokens: torch.Tensor) -> None:

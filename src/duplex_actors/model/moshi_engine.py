@@ -26,13 +26,14 @@ import torch
 
 from .engine import (
     FRAME_SAMPLES,
+    GREEDY,
     NUM_CODEBOOKS,
     TEXT_EPAD_ID,
     TEXT_PAD_ID,
     SessionPrompt,
     StepOutput,
 )
-from .errors import InvalidVoice
+from .errors import InvalidRuntimeConfig, InvalidVoice
 from .family import ModelFamily, detect_family
 from .lm_runner import LMRunner, SlotState
 from .loading import LoadedCheckpoint
@@ -101,12 +102,17 @@ class MoshiEngine:
             # A second LMModel that shares every parameter and buffer (no extra weights), so
             # a prompt can be computed at B=1 without touching the batch's state.
             memo = {id(t): t for t in itertools.chain(lm.parameters(), lm.buffers())}
-            self._twin = LMRunner(copy.deepcopy(lm, memo), 1)
+            self._twin = LMRunner(copy.deepcopy(lm, memo), 1, cuda_graphs=False)
         self._runner = LMRunner(lm, slots)
         self._mimi = checkpoint.mimi
         self._mimi.streaming_forever(slots)
         self._tokenizer = checkpoint.tokenizer
         self._voices: dict[str, VoicePrompt] = {}
+        if self.family.capabilities.voice_prompts:
+            # Load every bundled voice now: a malformed one is a checkpoint error at start-up,
+            # not a failure in the middle of serving.
+            for name in checkpoint.files.voices:
+                self.voice(name)
         self._snapshots: OrderedDict[tuple[str, str], SlotState] = OrderedDict()
         self._plans: dict[tuple[str, str], PrefillPlan] = {}
         self._prepare_lock = threading.Lock()
@@ -127,7 +133,8 @@ class MoshiEngine:
             if name not in self.checkpoint.files.voices:
                 raise InvalidVoice(f"unknown voice {name!r}")
             path = self.checkpoint.files.voices[name]
-            self._voices[name] = load_voice_prompt(path, dim=self.checkpoint.lm.dim)
+            lm = self.checkpoint.lm
+            self._voices[name] = load_voice_prompt(path, dim=lm.dim, text_card=lm.text_card, card=lm.card)
         return self._voices[name]
 
     def prefill_plan(self, prompt: SessionPrompt) -> PrefillPlan | None:
@@ -139,7 +146,14 @@ class MoshiEngine:
         key = (voice, prompt.persona)
         if key not in self._plans:
             tokens = self._tokenizer.encode(wrap_with_system_tags(prompt.persona))
-            self._plans[key] = build_prefill_plan(self.voice(voice), list(tokens))
+            plan = build_prefill_plan(self.voice(voice), list(tokens))
+            context = int(self.checkpoint.lm.context or 0)
+            if context and len(plan) > context * 3 // 4:
+                raise InvalidRuntimeConfig(
+                    f"the persona is too long: its prompt takes {len(plan)} of the model's "
+                    f"{context} context positions (at most {context * 3 // 4})"
+                )
+            self._plans[key] = plan
         return self._plans[key]
 
     def prepare(self, prompt: SessionPrompt) -> SlotState | None:
@@ -151,10 +165,13 @@ class MoshiEngine:
         if plan is None or self._twin is None:
             return None
         key = (prompt.voice or self.family.default_voice or "", prompt.persona)
+        snap = self._snapshots.get(key)  # a hit never waits for a computation in progress
+        if snap is not None:
+            self.stats.prefill_snapshot_hits += 1
+            return snap
         with self._prepare_lock:
             snap = self._snapshots.get(key)
             if snap is not None:
-                self._snapshots.move_to_end(key)
                 self.stats.prefill_snapshot_hits += 1
                 return snap
             started = time.perf_counter()
@@ -169,20 +186,24 @@ class MoshiEngine:
             return snap
 
     # -- the engine interface ------------------------------------------------------------------
-    def reset(self, slot: int, prompt: SessionPrompt) -> None:
-        """Fresh context for ``slot``: reset LM and Mimi rows, then prefill ``prompt``."""
+    def reset(self, slot: int, prompt: SessionPrompt | None) -> None:
+        """Fresh context for ``slot``: reset LM and Mimi rows, then prefill ``prompt``.
+
+        ``None`` resets without a prompt (a slot being freed).
+        """
         self._check_slot(slot)
         started = time.perf_counter()
-        plan = self.prefill_plan(prompt)  # validates the voice before touching the slot
-        snap = self.prepare(prompt) if self._prefill_mode == "snapshot" else None
+        plan = self.prefill_plan(prompt) if prompt is not None else None  # validates first
+        snap = self.prepare(prompt) if prompt is not None and self._prefill_mode == "snapshot" else None
         mask = torch.zeros(self._slots, dtype=torch.bool, device=self.device)
         mask[slot] = True
-        self._runner.reset(slot, prompt.sampling)
+        sampling = prompt.sampling if prompt is not None else GREEDY
+        self._runner.reset(slot, sampling)
         self._mimi.reset_streaming(reset_mask=mask)
         if snap is not None:
             self._runner.paste(slot, snap)
         elif plan is not None:
-            self._runner.run_prefill(slot, plan, prompt.sampling)
+            self._runner.run_prefill(slot, plan, sampling)
         self.stats.resets += 1
         self.stats.last_reset_seconds = time.perf_counter() - started
 

@@ -54,7 +54,9 @@ class VoicePrompt:
         return int(self.embeddings.shape[0])
 
 
-def load_voice_prompt(path: Path, *, dim: int) -> VoicePrompt:
+def load_voice_prompt(
+    path: Path, *, dim: int, text_card: int | None = None, card: int | None = None
+) -> VoicePrompt:
     """Load and validate a ``.pt`` voice prompt for an LM of width ``dim``."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
@@ -79,6 +81,17 @@ def load_voice_prompt(path: Path, *, dim: int) -> VoicePrompt:
     ):
         shape = tuple(cache.shape) if isinstance(cache, torch.Tensor) else type(cache).__name__
         raise CheckpointError(f"{path}: 'cache' must be int64 [1,17,4], got {shape}")
+    if not bool(torch.isfinite(emb.float()).all()):
+        raise CheckpointError(f"{path}: 'embeddings' contains NaN or infinite values")
+    if text_card is not None and card is not None:
+        # Ids the LM can embed: text 0..text_card (text_card = start token), audio 0..card.
+        text_ok = bool(((cache[0, 0] >= 0) & (cache[0, 0] <= text_card)).all())
+        audio_ok = bool(((cache[0, 1:] >= 0) & (cache[0, 1:] <= card)).all())
+        if not (text_ok and audio_ok):
+            raise CheckpointError(
+                f"{path}: 'cache' holds token ids outside the model's vocabularies "
+                f"(text 0..{text_card}, audio 0..{card})"
+            )
     return VoicePrompt(name=path.name, embeddings=emb, cache=cache)
 
 

@@ -100,7 +100,10 @@ class SlotSampler:
         shape = logits.shape
         x = logits.float().reshape(shape[0], -1, shape[-1])  # [B, R, V]
         greedy_tokens = x.argmax(dim=-1)
-        if bool((temp <= 0).all()):
+        # On CUDA this runs inside moshi's CUDA graph of the depformer: no host sync, no
+        # data-dependent branch (both paths are computed, rows pick with where). On CPU an
+        # all-greedy batch takes the short cut.
+        if not x.is_cuda and bool((temp <= 0).all()):
             return greedy_tokens.reshape(shape[:-1])
         vocab = shape[-1]
         t = torch.where(temp > 0, temp, torch.ones_like(temp))[:, None, None]

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..log import records as r
 from ..session import events as ev
+from ..model.errors import ModelError
 from .replayer import ReplayReport, UnreadableLog, header_of, replay_logic, replay_model
 
 LOG_SUFFIX = ".dlog"
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in files:
         try:
             report = replay_one(path, args, engines)
-        except UnreadableLog as exc:
+        except (UnreadableLog, ModelError, OSError, KeyError, ValueError) as exc:
             status = 2
             rows.append((path.name, "-", "-", "-", f"UNREADABLE: {exc}"))
             if len(files) == 1:

@@ -79,6 +79,8 @@ class Scheduler:
         self._released: dict[int, trio.Event] = {}
         self._ready_resets: set[int] = set()
         self._nursery: trio.Nursery | None = None
+        self._prepare_limiter = trio.Lock()
+        self._prepare_threads = trio.CapacityLimiter(1)
         self.failed: BaseException | None = None
         # statistics
         self._ticks = 0
@@ -117,10 +119,13 @@ class Scheduler:
         self._nursery.start_soon(self._prepare, slot, entry.pending_reset, prepare)
 
     async def _prepare(self, slot: int, request: tuple[int, Any], prepare: Any) -> None:
-        try:
-            await trio.to_thread.run_sync(prepare, request[1])
-        except Exception:  # surfaced when the reset itself runs
-            log.exception("preparing a prompt failed")
+        async with self._prepare_limiter:  # one prompt computed at a time, never many threads
+            if self.table.slots[slot].pending_reset is not request:
+                return  # superseded (another update or epoch) before its turn: skip the work
+            try:
+                await trio.to_thread.run_sync(prepare, request[1], limiter=self._prepare_threads)
+            except Exception:  # the reset itself runs it again and reports the error
+                log.exception("preparing a prompt failed")
         if self.table.slots[slot].pending_reset is request:
             self._ready_resets.add(slot)
             self._wake.set()
@@ -162,7 +167,11 @@ class Scheduler:
             try:
                 while True:
                     await self._wait_for_work()
-                    await self._apply_resets()
+                    if self._needs_admin():
+                        # Resets first, then wait again: a reset neither steps a stale frame
+                        # nor makes an undersized batch.
+                        await self._apply_resets()
+                        continue
                     await self._step_once()
             except BaseException as exc:
                 self.failed = exc
@@ -174,7 +183,8 @@ class Scheduler:
                 nursery.cancel_scope.cancel()
 
     def _steppable(self, entry: Slot) -> bool:
-        return entry.active and (entry.pending_reset is None or entry.index in self._ready_resets)
+        # A slot with any pending reset waits: its queued frames belong to the new epoch.
+        return entry.active and entry.pending_reset is None
 
     def _needs_admin(self) -> bool:
         return any(
@@ -205,20 +215,35 @@ class Scheduler:
             request = entry.pending_reset
             if request is not None and entry.index in self._ready_resets and not entry.releasing:
                 epoch, prompt = request
-                await self.clock.run(partial(self.engine.reset, entry.index, prompt))
+                try:
+                    await self.clock.run(partial(self.engine.reset, entry.index, prompt))
+                except Exception as exc:  # e.g. an unreadable voice: that session ends, no other
+                    log.exception("slot %d: reset failed", entry.index)
+                    self._reset_failed(entry, exc)
+                    continue
                 entry.epoch, entry.prompt = epoch, prompt
                 if entry.pending_reset is request:
                     entry.pending_reset = None
                     self._ready_resets.discard(entry.index)
                 self._resets += 1
             if entry.releasing:
-                if entry.prompt is not None:
-                    await self.clock.run(partial(self.engine.reset, entry.index, entry.prompt))
-                    self._resets += 1
+                # A plain reset, no prompt: cheap, and clears the occupant's state.
+                await self.clock.run(partial(self.engine.reset, entry.index, None))
+                self._resets += 1
                 dropped = len(entry.frames)
                 if dropped:
                     self._dropped["session_closed"] += dropped
                 self._free(entry)
+
+    def _reset_failed(self, entry: Slot, exc: BaseException) -> None:
+        self._dropped["reset_failed"] += len(entry.frames)
+        entry.frames.clear()
+        entry.pending_reset = None
+        self._ready_resets.discard(entry.index)
+        occupant = entry.occupant
+        fail = getattr(occupant, "reset_failed", None)
+        if fail is not None:
+            fail(exc)
 
     def _free(self, entry: Slot) -> None:
         self._ready_resets.discard(entry.index)

@@ -14,6 +14,8 @@ import attrs
 import trio
 
 T = TypeVar("T")
+# The engine's own worker thread: never competes with other to_thread users for a token.
+_ENGINE_THREAD = trio.CapacityLimiter(1)
 
 
 @attrs.frozen(slots=True)
@@ -29,7 +31,7 @@ class Clock:
             # change epoch between a step's capture and its result, in tests too.
             await trio.lowlevel.checkpoint()
             return fn()
-        return await trio.to_thread.run_sync(fn)
+        return await trio.to_thread.run_sync(fn, limiter=_ENGINE_THREAD)
 
 
 REAL_TIME = Clock(virtual=False)

@@ -15,12 +15,17 @@ from typing import Any, Protocol
 import trio
 
 from ..log import records as r
+from ..log.writer import LogBackpressure
 from . import events as ev
 from .audio import float_to_pcm16
 from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, SubmitFrame
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
+
+# How long a record may wait for room in the log writer's queue: 2 s in 5 ms steps.
+LOG_ROOM_WAIT_S = 0.005
+LOG_ROOM_RETRIES = 400
 
 
 class SessionLogHandle(Protocol):
@@ -80,6 +85,16 @@ class SessionActor:
             )
         )
 
+    def reset_failed(self, exc: BaseException) -> None:
+        """The scheduler could not give this session a fresh context: end it, say why."""
+        code = getattr(exc, "code", "internal_error")
+        if code in ("checkpoint_error", "internal_error"):
+            code, message = "internal_error", "the model could not start this session's context"
+        else:
+            message = str(exc)
+        self.inbox.put_result_nowait(r.Rejected("session.reset", code, message))
+        self.inbox.put_result_nowait(r.Close("error"))
+
     async def send(self, record: r.Record) -> None:
         """A client command, in order; waits while too many commands are queued."""
         await self.inbox.put_command(record)
@@ -100,10 +115,21 @@ class SessionActor:
             with trio.CancelScope(shield=True):
                 await self._finish()
 
+    async def _append(self, record: r.Record) -> None:
+        """Queue a record for the log; when the writer's shared queue is full, wait (bounded)
+        for room rather than failing the session."""
+        for _ in range(LOG_ROOM_RETRIES):
+            try:
+                self.log.append_nowait(record)
+                return
+            except LogBackpressure:
+                await trio.sleep(LOG_ROOM_WAIT_S)
+        self.log.append_nowait(record)
+
     async def _handle(self, record: r.Record) -> None:
         if self.log_error is None:
             try:
-                self.log.append_nowait(record)
+                await self._append(record)
             except Exception as exc:  # the log cannot be written: end the session, say why
                 self.log_error = exc
                 log.error("session %s: log unavailable: %s", self.session_id, exc)
@@ -156,14 +182,23 @@ class SessionActor:
     async def _finish(self) -> None:
         try:
             await self._release()
-            if self.log_error is None:
-                try:
-                    self.log.append_nowait(self.core.digests())
-                    self.log.close_nowait()
-                    await self.log.wait_closed()
-                except Exception as exc:
-                    self.log_error = exc
-                    log.error("session %s: finishing the log failed: %s", self.session_id, exc)
+            try:
+                if getattr(self.log, "failed", None) is None:
+                    if self.log_error is not None and self.core.closed:
+                        # The log itself is fine (e.g. its queue stayed full): finish it anyway.
+                        self.log_error = None
+                        await self._append(r.Close(self.close_reason or "log_unavailable"))
+                    if self.log_error is None:
+                        await self._append(self.core.digests())
+            except Exception as exc:
+                self.log_error = exc
+                log.error("session %s: finishing the log failed: %s", self.session_id, exc)
+            finally:
+                self.log.close_nowait()
+            try:
+                await self.log.wait_closed()
+            except Exception as exc:
+                log.error("session %s: closing the log failed: %s", self.session_id, exc)
         finally:
             self.inbox.close()
             self.outbox.close()
