@@ -28,6 +28,7 @@ from .web import auth
 from .web.connection import CONFIG_TIMEOUT_S, Connection, Transport, capabilities
 from .web.dialects import NativeDialect, RealtimeDialect
 from .web.hardening import GuardedApp, guard_connections, refuse_permessage_deflate
+from .web.page import install_page_routes
 
 log = logging.getLogger("duplex_actors")
 
@@ -299,6 +300,7 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
     async def native_ws() -> Any:
         return await _websocket("native")
 
+    install_page_routes(app, holder, config)
     return app
 
 

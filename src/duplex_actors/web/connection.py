@@ -139,6 +139,7 @@ class Connection:
             reason = "error"
             raise
         finally:
+            self._nursery = None  # closed: a late drain() must not start tasks in it
             with trio.CancelScope(shield=True):
                 if self.session is not None and not self.session.closed:
                     await self.session.close(reason)
@@ -146,8 +147,11 @@ class Connection:
     def drain(self) -> None:
         """Server shutdown: tell the client, close the session, close the socket with 1012."""
         self.draining = True
-        if self.session is not None and self._nursery is not None:
-            self._nursery.start_soon(self.session.close, "server_shutdown")
+        if self.session is not None and self._nursery is not None and not self.session.closed:
+            try:
+                self._nursery.start_soon(self.session.close, "server_shutdown")
+            except RuntimeError:  # the connection is finishing on its own
+                pass
 
     async def _writer(self, projection: Any) -> None:
         assert self.session is not None
