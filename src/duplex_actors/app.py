@@ -229,10 +229,15 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
         if dialect_name == "realtime":
             beta = "realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols
             dialect: Any = RealtimeDialect(
-                model=config.model, capabilities=capabilities(server.engine.slots), beta=beta
+                model=config.model,
+                capabilities=capabilities(server.engine.slots),
+                beta=beta,
+                max_message_bytes=config.max_message_bytes,
             )
         else:
-            dialect = NativeDialect()
+            dialect = NativeDialect(
+                capabilities=capabilities(server.engine.slots), max_message_bytes=config.max_message_bytes
+            )
         await websocket.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
         transport = Transport(
             websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
@@ -272,8 +277,8 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
                 if cs.cancelled_caught:
                     await conn.refuse("config_timeout", f"no message within {CONFIG_TIMEOUT_S:.0f} s", 1008)
                     return
-                cfg, rest = dialect.first_message(data)
-                await conn.run(first_message=rest, config=cfg)
+                cfg, rest, event_id = dialect.first_message(data)
+                await conn.run(first_message=rest, config=cfg, client_event_id=event_id)
                 return
             await conn.run()
             return
@@ -283,11 +288,11 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             await conn.refuse("config_timeout", f"send session.create within {CONFIG_TIMEOUT_S:.0f} s", 1008)
             return
         try:
-            cfg, _ = dialect.first_message(data)
+            cfg, _, event_id = dialect.first_message(data)
         except ProtocolError as err:
             await conn.refuse(err.code, err.message, 1008, err.client_event_id)
             return
-        await conn.run(config=cfg)
+        await conn.run(config=cfg, client_event_id=event_id)
 
     def request_args() -> dict[str, str]:
         return {k: v for k, v in websocket.args.items()}

@@ -33,6 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         input_buffer_bytes=args.input_buffer_bytes,
         outbox_events=args.outbox_events,
+        max_message_bytes=args.max_message_bytes,
     )
     hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]

@@ -31,6 +31,7 @@ class ServerConfig:
     idle_timeout_s: float = 300.0
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
+    max_message_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ServerConfig:
@@ -52,4 +53,5 @@ class ServerConfig:
             idle_timeout_s=float(env.get("DUPLEX_IDLE_TIMEOUT", "300")),
             input_buffer_bytes=int(env.get("DUPLEX_INPUT_BUFFER_BYTES", str(16 * 1024 * 1024))),
             outbox_events=int(env.get("DUPLEX_OUTBOX_EVENTS", "4096")),
+            max_message_bytes=int(env.get("DUPLEX_MAX_MESSAGE_BYTES", str(16 * 1024 * 1024))),
         )

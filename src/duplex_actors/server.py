@@ -179,6 +179,7 @@ class DuplexServer:
         *,
         dialect: str = "inprocess",
         output: Mapping[str, Any] | None = None,
+        client_event_id: str | None = None,
     ) -> SessionHandle:
         """Admit a session (a free slot, else ``ResourceExhausted``: no log is written) and open it."""
         if not self.accepting:
@@ -189,12 +190,17 @@ class DuplexServer:
         session_id = self._session_ids()
         self.opening.add(session_id)
         try:
-            return await self._open(session_id, dict(config or {}), dialect, output)
+            return await self._open(session_id, dict(config or {}), dialect, output, client_event_id)
         finally:
             self.opening.discard(session_id)
 
     async def _open(
-        self, session_id: str, config: dict[str, Any], dialect: str, output: Mapping[str, Any] | None
+        self,
+        session_id: str,
+        config: dict[str, Any],
+        dialect: str,
+        output: Mapping[str, Any] | None,
+        client_event_id: str | None,
     ) -> SessionHandle:
         core = SessionCore(session_id, self.policy, self.limits)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
@@ -237,7 +243,7 @@ class DuplexServer:
             created_at=time.time(),
         )
         await actor.send(header)
-        await actor.send(r.Open(config))
+        await actor.send(r.Open(config, client_event_id))
         self._nursery.start_soon(self._run_session, actor)
         return SessionHandle(actor, receive)
 

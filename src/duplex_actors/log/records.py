@@ -38,6 +38,7 @@ class Header:
 class Open:
     KIND: ClassVar[int] = 2
     config: dict[str, Any]
+    client_event_id: str | None = None  # the message that opened the session, if any
 
 
 @attrs.frozen(slots=True)

@@ -216,17 +216,20 @@ class SessionCore:
         if self.opened:
             return
         self.opened = True
+        refusal: Exception | None = None
         try:
             prompt = self._validated(record.config)
             config = record.config
-        except Exception as exc:  # a bad open config: open with defaults and say why
+        except Exception as exc:  # a bad opening config: open with defaults, then say why
+            refusal = exc
             prompt = self._validated({})
             config = {}
-            self._error(out, getattr(exc, "code", "invalid_value"), str(exc), None)
         self.prompt = prompt
         self.config = self._effective(config, prompt)
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
+        if refusal is not None:
+            self._error(out, getattr(refusal, "code", "invalid_value"), str(refusal), record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
 
     def _update(self, record: r.Update, out: list[Effect]) -> None:

@@ -114,11 +114,19 @@ class Connection:
         await self._close(close_code, code)
 
     # -- the connection --------------------------------------------------------------------------
-    async def run(self, first_message: Any = None, config: dict[str, Any] | None = None) -> None:
+    async def run(
+        self,
+        first_message: Any = None,
+        config: dict[str, Any] | None = None,
+        client_event_id: str | None = None,
+    ) -> None:
         """Open the session (admission), then read and write until it closes."""
         try:
             self.session = await self.server.open_session(
-                config or {}, dialect=self.dialect.name, output=self.dialect.output
+                config or {},
+                dialect=self.dialect.name,
+                output=self.dialect.output,
+                client_event_id=client_event_id,
             )
         except ResourceExhausted as exc:
             await self.refuse("resource_exhausted", str(exc), 1013)

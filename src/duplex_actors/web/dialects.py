@@ -71,9 +71,17 @@ class RealtimeDialect:
 
     name = "realtime"
 
-    def __init__(self, *, model: str, capabilities: dict[str, Any], beta: bool) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        capabilities: dict[str, Any],
+        beta: bool,
+        max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+    ) -> None:
         from ..protocol.realtime import RealtimeProjection, refusal_error
 
+        self.max_message_bytes = max_message_bytes
         self.model = model
         self.capabilities = capabilities
         self.beta = beta
@@ -92,22 +100,29 @@ class RealtimeDialect:
             raise ProtocolError(
                 errors.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
             )
-        return _command(codec.parse_client_text(data, dialect="realtime"), config)
+        return _command(
+            codec.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
+            config,
+        )
 
-    def first_message(self, data: Any) -> tuple[dict[str, Any], Any]:
-        """With ``autostart=0``: a ``session.update`` opens the session with its config;
-        any other first message opens a default session and is then processed normally."""
+    def first_message(self, data: Any) -> tuple[dict[str, Any], Any, str | None]:
+        """With ``autostart=0``: a ``session.update`` opens the session with its config
+        (``(config, None, its event_id)``); any other first message opens a default session and
+        is then processed normally (``({}, message, None)``)."""
         if isinstance(data, str):
             try:
-                event = codec.parse_client_text(data, dialect="realtime")
+                event = codec.parse_client_text(
+                    data, dialect="realtime", max_message_bytes=self.max_message_bytes
+                )
             except ProtocolError:
-                return {}, data
+                return {}, data, None
             if isinstance(event, pe.SessionUpdate):
                 try:
-                    return codec.normalize_session_config(event.session, client_event_id=event.event_id), None
+                    cfg = codec.normalize_session_config(event.session, client_event_id=event.event_id)
                 except ProtocolError:
-                    return {}, data
-        return {}, data
+                    return {}, data, None
+                return cfg, None, event.event_id
+        return {}, data, None
 
 
 class NativeDialect:
@@ -115,14 +130,18 @@ class NativeDialect:
 
     name = "native"
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, capabilities: dict[str, Any], max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+    ) -> None:
+        self.capabilities = capabilities
+        self.max_message_bytes = max_message_bytes
         self.binary_output = False
         self.output: dict[str, Any] = {"binary_output": False}
 
     def projection(self, session_id: str) -> Any:
         from ..protocol.native import NativeProjection
 
-        return NativeProjection(session_id, binary_output=self.binary_output)
+        return NativeProjection(session_id, binary_output=self.binary_output, capabilities=self.capabilities)
 
     def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
         from ..protocol.native import refusal_error
@@ -131,16 +150,18 @@ class NativeDialect:
 
     def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
-            audio = codec.parse_client_binary(bytes(data or b""))
+            audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
             fmt = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
             return lambda s: s.append_bytes(audio, fmt)
-        return _command(codec.parse_client_text(data, dialect="native"), config)
+        return _command(
+            codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes), config
+        )
 
-    def first_message(self, data: Any) -> tuple[dict[str, Any], Any]:
+    def first_message(self, data: Any) -> tuple[dict[str, Any], Any, str | None]:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
         if not isinstance(data, str):
             raise ProtocolError(errors.BAD_EVENT, "the first message must be session.create (JSON text)")
-        event = codec.parse_client_text(data, dialect="native")
+        event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if not isinstance(event, pe.SessionCreate):
             raise ProtocolError(
                 errors.BAD_EVENT,
@@ -149,6 +170,7 @@ class NativeDialect:
             )
         self.binary_output = bool(event.binary_output)
         self.output = {"binary_output": self.binary_output}
-        return codec.normalize_session_config(
+        cfg = codec.normalize_session_config(
             event.session, client_event_id=event.event_id, event_type=event.TYPE
-        ), None
+        )
+        return cfg, None, event.event_id
