@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..log import records as r
-from ..session import events as ev
 from ..model.errors import ModelError
+from ..session import events as ev
 from .replayer import ReplayReport, UnreadableLog, header_of, replay_logic, replay_model
 
 LOG_SUFFIX = ".dlog"
