@@ -22,6 +22,7 @@ from quart import Response, jsonify, websocket
 from quart_trio import QuartTrio
 
 from .config import ServerConfig
+from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
 from .model.engine import FRAME_SAMPLES
 from .web import auth
@@ -47,6 +48,7 @@ class ModelHolder:
         self.connections: set[Connection] = set()
         self.idle = trio.Event()
         self.counters = Counters()
+        self.faults = Faults.from_env()
 
     @property
     def model_id(self) -> str:
@@ -56,7 +58,7 @@ class ModelHolder:
         from .model.factory import open_engine
 
         cfg = self.config
-        return open_engine(
+        engine = open_engine(
             cfg.model,
             slots=cfg.max_sessions,
             device=cfg.device,
@@ -64,6 +66,11 @@ class ModelHolder:
             revision=cfg.revision,
             torch_threads=cfg.torch_threads,
         )
+        if self.faults.active:
+            log.warning("DUPLEX_FAULTS is set: faults will be injected (%s)", self.faults)
+            self.faults.install_fsync_fault()
+            return FaultyEngine(engine, self.faults)
+        return engine
 
     async def run(self) -> None:
         """Load, serve the in-process server until cancelled; /ready is 200 in between."""
@@ -185,6 +192,7 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             scheduler=server.scheduler if server is not None else None,
             writer=server.writer if server is not None else None,
             sessions_active=len(server.sessions) if server is not None else 0,
+            recovered_logs=len(server.recovered_logs) if server is not None else 0,
         )
         return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -243,7 +251,12 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
         )
         conn = Connection(
-            server, transport, dialect=dialect, idle_timeout_s=config.idle_timeout_s, counters=holder.counters
+            server,
+            transport,
+            dialect=dialect,
+            idle_timeout_s=config.idle_timeout_s,
+            counters=holder.counters,
+            faults=holder.faults,
         )
         holder.connections.add(conn)
         try:

@@ -63,7 +63,14 @@ def _fmt(value: float) -> str:
     return repr(float(value))
 
 
-def render(*, counters: Counters, scheduler: Any | None, writer: Any | None, sessions_active: int) -> str:
+def render(
+    *,
+    counters: Counters,
+    scheduler: Any | None,
+    writer: Any | None,
+    sessions_active: int,
+    recovered_logs: int = 0,
+) -> str:
     out = _Writer()
     if scheduler is not None:
         st = scheduler.statistics()
@@ -99,6 +106,12 @@ def render(*, counters: Counters, scheduler: Any | None, writer: Any | None, ses
             [("", {}, st.slots_total)],
         )
         out.metric("duplex_slots_in_use", "gauge", "Slots held by sessions.", [("", {}, st.slots_in_use)])
+        out.metric(
+            "duplex_step_failures_total",
+            "counter",
+            "Model steps that raised (their sessions ended with internal_error).",
+            [("", {}, getattr(scheduler, "step_failures", 0))],
+        )
         dropped = Counter(dict(st.dropped_frames)) + counters.dropped
     else:
         dropped = counters.dropped

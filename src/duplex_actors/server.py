@@ -17,6 +17,7 @@ records, whatever ended it.
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import secrets
 import time
@@ -170,6 +171,7 @@ class DuplexServer:
         self.sessions: dict[str, SessionActor] = {}
         self.accepting = True
         self.logs_pruned = 0
+        self.recovered_logs: list[tuple[str, str]] = []  # (file, what was done) at start-up
         self.counters = Counters()
         self.opening: set[str] = set()  # ids between log creation and registration
 
@@ -292,6 +294,28 @@ def header_info_for(engine: Any) -> dict[str, Any]:
     return info
 
 
+def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
+    """At start-up, truncate the torn tails of logs a crash left behind (every whole record
+    before the tail stays); report corrupt logs and leave them untouched."""
+    from .log.segment import LogCorruption, read_log, recover
+
+    done: list[tuple[str, str]] = []
+    for path in sorted(log_dir.glob("*.dlog")):
+        try:
+            if read_log(path).torn_tail is None:
+                continue
+            result = recover(path)
+            assert result.torn_tail is not None
+            done.append((path.name, f"torn tail truncated at byte {result.torn_tail.offset}"))
+        except LogCorruption as exc:
+            done.append((path.name, f"corrupt, left as is: {exc}"))
+        except OSError as exc:
+            done.append((path.name, f"unreadable: {exc}"))
+    for name, what in done:
+        logging.getLogger(__name__).warning("session log %s: %s", name, what)
+    return done
+
+
 class _OpenSessions(AbstractSet[str]):
     """The ids of open sessions, read live: a session opened while a prune runs is kept too."""
 
@@ -352,6 +376,9 @@ async def open_duplex_server(
     clock = clock or (VIRTUAL_TIME if virtual_time else REAL_TIME)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    recovered = (
+        recover_logs(log_dir) if clock.virtual else await trio.to_thread.run_sync(recover_logs, log_dir)
+    )
     info = (
         header_info_for(engine) if clock.virtual else await trio.to_thread.run_sync(header_info_for, engine)
     )
@@ -370,6 +397,7 @@ async def open_duplex_server(
                 header_info=info,
                 session_ids=session_ids,
             )
+            server.recovered_logs = recovered
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(
                     _retention, server, clock, log_dir, log_max_age_s, log_max_bytes, retention_interval_s

@@ -150,3 +150,43 @@ async def test_late_frames_are_counted(autojump_clock):
         # All three were submitted at once; virtual steps take no time, so none waited 80 ms.
         assert sched.statistics().late_frames == 0
         nursery.cancel_scope.cancel()
+
+
+class FailingSink(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: list[BaseException] = []
+
+    def step_failed(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+
+
+async def test_a_failed_step_ends_its_sessions_and_the_scheduler_goes_on(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=2)
+        a, b = FailingSink(), FailingSink()
+        sa, sb = sched.admit(a), sched.admit(b)
+        real_step = engine.step
+        calls = {"n": 0}
+
+        def flaky(frames):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("kernel fault")
+            return real_step(frames)
+
+        engine.step = flaky
+        sched.submit_nowait(sa, 0, frame(1))
+        sched.submit_nowait(sb, 0, frame(2))
+        await trio.sleep(1)
+        sched.submit_nowait(sa, 1, frame(3))  # this step fails: only a is in it
+        sched.submit_nowait(sa, 2, frame(4))  # queued behind it: dropped with it
+        await trio.sleep(1)
+        sched.submit_nowait(sb, 1, frame(5))
+        await trio.sleep(1)
+        assert len(a.failed) == 1 and not b.failed
+        assert [r.frame_index for r in a.results] == [0]
+        assert [r.frame_index for r in b.results] == [0, 1]
+        assert sched.failed is None and sched.step_failures == 1
+        assert dict(sched.statistics().dropped_frames)["step_failed"] == 2
+        nursery.cancel_scope.cancel()

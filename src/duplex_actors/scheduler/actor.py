@@ -80,6 +80,7 @@ class Scheduler:
         self._ready_resets: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._prepare_limiter = trio.Lock()
+        self.step_failures = 0
         self._prepare_threads = trio.CapacityLimiter(1)
         self.failed: BaseException | None = None
         # statistics
@@ -268,7 +269,22 @@ class Scheduler:
         if not batch:
             return
         started = self.clock.now()
-        outputs: Mapping[int, StepOutput] = await self.clock.run(lambda: self.engine.step(batch))
+        try:
+            outputs: Mapping[int, StepOutput] = await self.clock.run(lambda: self.engine.step(batch))
+        except Exception as exc:
+            # One failed step ends the sessions that were in it (internal_error, close 1011);
+            # their slots are reset when they release them, and the others go on.
+            log.exception("model step failed for slots %s", sorted(batch))
+            self.step_failures += 1
+            self._dropped["step_failed"] += len(batch)
+            for index, occupant, _epoch, _frame in routes:
+                entry = self.table.slots[index]
+                self._dropped["step_failed"] += len(entry.frames)
+                entry.frames.clear()
+                fail = getattr(occupant, "step_failed", None)
+                if fail is not None:
+                    fail(exc)
+            return
         elapsed = self.clock.now() - started
         self._ticks += 1
         self._frames += len(batch)

@@ -64,6 +64,7 @@ class SessionActor:
         self._consumer_gone = False
         self._released = False
         self.counters = counters
+        self._stop_submitting = False  # after a failed step: nothing more goes to the model
 
     @property
     def session_id(self) -> str:
@@ -92,7 +93,16 @@ class SessionActor:
             code, message = "internal_error", "the model could not start this session's context"
         else:
             message = str(exc)
+        self._stop_submitting = True
         self.inbox.put_result_nowait(r.Rejected("session.reset", code, message))
+        self.inbox.put_result_nowait(r.Close("error"))
+
+    def step_failed(self, exc: BaseException) -> None:
+        """The model step carrying this session's frame failed: end the session (1011)."""
+        self._stop_submitting = True
+        self.inbox.put_result_nowait(
+            r.Rejected("model.step", "internal_error", "the model failed on this session's audio")
+        )
         self.inbox.put_result_nowait(r.Close("error"))
 
     async def send(self, record: r.Record) -> None:
@@ -152,7 +162,8 @@ class SessionActor:
             elif isinstance(effect, SubmitFrame):
                 if counters is not None:
                     counters.frames_in += 1
-                self.scheduler.submit_nowait(self.slot, effect.frame_index, effect.samples)
+                if not self._stop_submitting:
+                    self.scheduler.submit_nowait(self.slot, effect.frame_index, effect.samples)
             elif isinstance(effect, ResetSlot):
                 self.scheduler.request_reset(self.slot, effect.epoch, effect.prompt)
             elif isinstance(effect, ReleaseSlot):

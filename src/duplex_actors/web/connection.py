@@ -81,12 +81,14 @@ class Connection:
         dialect: Any,
         idle_timeout_s: float,
         counters: Any,
+        faults: Any = None,
     ) -> None:
         self.server = server
         self.transport = transport
         self.dialect = dialect
         self.idle_timeout_s = idle_timeout_s
         self.counters = counters
+        self.faults = faults
         self.session: SessionHandle | None = None
         self.draining = False
         self._closing_sent = False
@@ -190,6 +192,8 @@ class Connection:
     async def _handle(self, data: Any) -> None:
         session = self.session
         assert session is not None
+        if self.faults is not None:
+            self.faults.before_message()
         try:
             command = self.dialect.parse(data, session.core.config)
         except ProtocolError as err:

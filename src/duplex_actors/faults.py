@@ -1,0 +1,115 @@
+"""Fault injection for the reliability tests (``RELIABILITY.md``); off unless ``DUPLEX_FAULTS``.
+
+Each fault is armed by a trigger file, so a test decides exactly when it fires::
+
+    DUPLEX_FAULTS="step_raise=/tmp/f1,step_stall=/tmp/f2:200,fsync_error=/tmp/f3,handler_raise=/tmp/f4"
+
+- ``step_raise=PATH``: when PATH exists, the next model step raises (PATH is removed: one tick).
+- ``step_stall=PATH:MS``: while PATH exists, every model step first sleeps MS milliseconds.
+- ``fsync_error=PATH``: while PATH exists, every ``fdatasync`` of a session log fails with EIO.
+- ``handler_raise=PATH``: when PATH exists, the next client message makes its connection
+  handler raise (PATH is removed).
+
+Never set this in production; the server logs a warning at start-up when it is set.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+log = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """A failure injected on purpose by ``DUPLEX_FAULTS``."""
+
+
+def _take(path: Path | None) -> bool:
+    """True once per creation of ``path`` (it is removed)."""
+    if path is None:
+        return False
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@attrs.frozen(slots=True)
+class Faults:
+    step_raise: Path | None = None
+    step_stall: Path | None = None
+    stall_ms: float = 0.0
+    fsync_error: Path | None = None
+    handler_raise: Path | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(
+            p is not None for p in (self.step_raise, self.step_stall, self.fsync_error, self.handler_raise)
+        )
+
+    @classmethod
+    def parse(cls, spec: str) -> Faults:
+        fields: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, _, value = item.partition("=")
+            if name == "step_stall":
+                path, _, ms = value.rpartition(":")
+                fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
+            elif name in ("step_raise", "fsync_error", "handler_raise") and value:
+                fields[name] = Path(value)
+            else:
+                raise ValueError(f"DUPLEX_FAULTS: unknown fault {item!r}")
+        return cls(**fields)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Faults:
+        return cls.parse((os.environ if env is None else env).get("DUPLEX_FAULTS", ""))
+
+    def before_step(self) -> None:
+        if self.step_stall is not None and self.step_stall.exists():
+            time.sleep(self.stall_ms / 1000)
+        if _take(self.step_raise):
+            raise InjectedFault("injected model step failure (DUPLEX_FAULTS step_raise)")
+
+    def before_message(self) -> None:
+        if _take(self.handler_raise):
+            raise InjectedFault("injected handler failure (DUPLEX_FAULTS handler_raise)")
+
+    def install_fsync_fault(self) -> None:
+        """Make session-log fdatasync fail while the trigger file exists (process-wide)."""
+        trigger = self.fsync_error
+        if trigger is None:
+            return
+        real = os.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            if trigger.exists():
+                raise OSError(errno.EIO, "injected fdatasync failure (DUPLEX_FAULTS fsync_error)")
+            real(fd)
+
+        os.fdatasync = fdatasync  # type: ignore[assignment]
+
+
+class FaultyEngine:
+    """An engine whose ``step`` consults the armed faults first; everything else passes through."""
+
+    def __init__(self, engine: Any, faults: Faults) -> None:
+        self._engine = engine
+        self._faults = faults
+
+    def step(self, frames: Any) -> Any:
+        self._faults.before_step()
+        return self._engine.step(frames)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
