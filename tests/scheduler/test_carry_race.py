@@ -26,7 +26,10 @@ class Engine:
 
     def step(self, frames):
         self.calls.append(("step", tuple(sorted(frames))))
-        return {s: StepOutput(True, 0, "", (0,) * 8, (0,) * 8, np.zeros(FRAME_SAMPLES, np.float32)) for s in frames}
+        return {
+            s: StepOutput(True, 0, "", (0,) * 8, (0,) * 8, np.zeros(FRAME_SAMPLES, np.float32))
+            for s in frames
+        }
 
 
 class Sink:
