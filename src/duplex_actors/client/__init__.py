@@ -1,0 +1,79 @@
+"""Python client for duplex-actors servers, and the ``duplex-client`` / ``duplex-load`` tools.
+
+Only trio, trio-websocket, numpy and the sans-io :mod:`duplex_actors.protocol` package: never
+torch or the model, so it installs and runs anywhere the protocol does.
+
+- :func:`open_duplex_client` / :class:`DuplexClient` (:mod:`.connection`): one session, typed
+  events, paced or unpaced streaming, cancel/clear/update/close, typed refusals.
+- :mod:`.events`: the typed server events; :mod:`.errors`: the exceptions.
+- :mod:`.audio`: WAV in/out, downmix and resampling to 24 kHz, synthetic speech-like audio.
+- :mod:`.cli` (``duplex-client``) and :mod:`.load` (``duplex-load``): the command-line tools.
+"""
+
+from .connection import (
+    DuplexClient,
+    EncodedAudio,
+    append_message,
+    create_duplex_session_config,
+    encode_audio,
+    open_duplex_client,
+    to_wire_bytes,
+)
+from .errors import (
+    ConfigRefused,
+    ConnectFailed,
+    DuplexError,
+    HandshakeRejected,
+    RequestRefused,
+    ResourceExhausted,
+    ServerClosed,
+    SessionRefused,
+    Unauthorized,
+)
+from .events import (
+    AudioDelta,
+    Error,
+    ErrorEvent,
+    OtherEvent,
+    ResponseCreated,
+    ResponseDone,
+    ServerEvent,
+    SessionClosed,
+    SessionClosing,
+    SessionCreated,
+    SessionUpdated,
+    TranscriptDelta,
+    parse_server_event,
+)
+
+__all__ = [
+    "AudioDelta",
+    "ConfigRefused",
+    "ConnectFailed",
+    "DuplexClient",
+    "DuplexError",
+    "EncodedAudio",
+    "Error",
+    "ErrorEvent",
+    "HandshakeRejected",
+    "OtherEvent",
+    "RequestRefused",
+    "ResourceExhausted",
+    "ResponseCreated",
+    "ResponseDone",
+    "ServerClosed",
+    "ServerEvent",
+    "SessionClosed",
+    "SessionClosing",
+    "SessionCreated",
+    "SessionRefused",
+    "SessionUpdated",
+    "TranscriptDelta",
+    "Unauthorized",
+    "append_message",
+    "create_duplex_session_config",
+    "encode_audio",
+    "open_duplex_client",
+    "parse_server_event",
+    "to_wire_bytes",
+]

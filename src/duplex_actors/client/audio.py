@@ -1,0 +1,197 @@
+"""Audio helpers for the clients (numpy only, no torch, no model).
+
+- :func:`read_wav`: any RIFF/WAVE file a user is likely to have (8/16/24/32-bit PCM, 32/64-bit
+  float, ``WAVE_FORMAT_EXTENSIBLE``, any rate, any channel count) as float32 ``(frames, channels)``.
+- :func:`to_model_input`: downmix to mono and resample to 24 kHz (a Kaiser-windowed sinc polyphase
+  resampler; exact for rational rate ratios, which every real rate pair is).
+- :func:`write_wav`: PCM16 mono WAV.
+- :func:`float_to_pcm16` / :func:`pcm16_to_float`, and :func:`speech_like`: deterministic
+  synthetic speech-like audio (voiced harmonics with a moving pitch, syllable envelope, pauses and
+  a little breath noise) for load tests and examples.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import wave
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+SAMPLE_RATE: Final = 24_000
+FRAME_SAMPLES: Final = 1920  # one 80 ms frame at 24 kHz
+FRAME_S: Final = 0.08
+
+Float32Array = npt.NDArray[np.float32]
+
+_PCM: Final = 1
+_FLOAT: Final = 3
+_EXTENSIBLE: Final = 0xFFFE
+
+
+class WavError(ValueError):
+    """The file is not a WAV file this reader understands."""
+
+
+def _decode_samples(data: bytes, tag: int, bits: int, channels: int) -> Float32Array:
+    width = bits // 8
+    usable = len(data) - len(data) % (width * channels)
+    data = data[:usable]
+    if tag == _PCM:
+        if bits == 8:
+            x = (np.frombuffer(data, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+        elif bits == 16:
+            x = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        elif bits == 24:
+            raw = np.frombuffer(data, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+            ints = raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)
+            ints = np.where(ints >= 1 << 23, ints - (1 << 24), ints)
+            x = ints.astype(np.float32) / float(1 << 23)
+        elif bits == 32:
+            x = (np.frombuffer(data, dtype="<i4").astype(np.float64) / 2147483648.0).astype(np.float32)
+        else:
+            raise WavError(f"unsupported PCM sample width: {bits} bits")
+    elif tag == _FLOAT:
+        if bits == 32:
+            x = np.frombuffer(data, dtype="<f4").astype(np.float32)
+        elif bits == 64:
+            x = np.frombuffer(data, dtype="<f8").astype(np.float32)
+        else:
+            raise WavError(f"unsupported float sample width: {bits} bits")
+        x = np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0)
+    else:
+        raise WavError(f"unsupported WAV encoding (format tag {tag:#x}); use PCM or IEEE float")
+    return x.reshape(-1, channels)
+
+
+def read_wav(path: str | Path) -> tuple[Float32Array, int]:
+    """``(samples, rate)``: float32 ``(frames, channels)`` in [-1, 1] (float files are not clipped)."""
+    blob = Path(path).read_bytes()
+    if len(blob) < 12 or blob[:4] not in (b"RIFF", b"RF64") or blob[8:12] != b"WAVE":
+        raise WavError(f"{path}: not a RIFF/WAVE file")
+    fmt: tuple[int, int, int, int] | None = None  # tag, channels, rate, bits
+    data: bytes | None = None
+    pos = 12
+    while pos + 8 <= len(blob):
+        cid, size = blob[pos : pos + 4], struct.unpack_from("<I", blob, pos + 4)[0]
+        body = blob[pos + 8 : pos + 8 + size]
+        if cid == b"fmt ":
+            if len(body) < 16:
+                raise WavError(f"{path}: truncated fmt chunk")
+            tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", body)
+            if tag == _EXTENSIBLE and len(body) >= 26:
+                tag = struct.unpack_from("<H", body, 24)[0]  # first two bytes of the sub-format GUID
+            fmt = (tag, channels, rate, bits)
+        elif cid == b"data":
+            # A streamed WAV may carry a bogus size (0 or 0xFFFFFFFF): take what is there.
+            data = blob[pos + 8 :] if size in (0, 0xFFFFFFFF) else body
+            if size in (0, 0xFFFFFFFF):
+                break
+        pos += 8 + size + (size & 1)
+    if fmt is None or data is None:
+        raise WavError(f"{path}: no {'fmt' if fmt is None else 'data'} chunk")
+    tag, channels, rate, bits = fmt
+    if channels < 1 or rate < 1 or bits % 8:
+        raise WavError(f"{path}: bad format ({channels} channels, {rate} Hz, {bits} bits)")
+    return _decode_samples(data, tag, bits, channels), rate
+
+
+def to_mono(samples: npt.NDArray[np.floating]) -> Float32Array:
+    """Average the channels of a ``(frames, channels)`` array (a 1-D array is returned as is)."""
+    x = np.asarray(samples, dtype=np.float32)
+    if x.ndim == 1:
+        return x
+    return x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0].copy()
+
+
+def _kernel_bank(up: int, down: int, zero_crossings: int) -> tuple[npt.NDArray[np.float64], int]:
+    """One FIR per output phase (``up`` of them), each ``2 * half`` taps long."""
+    cutoff = min(1.0, up / down) * 0.97  # fraction of the input Nyquist band kept
+    half = math.ceil(zero_crossings / cutoff)
+    taps = np.arange(2 * half)
+    phases = np.arange(up)[:, None] / up
+    d = phases + (half - 1) - taps[None, :]  # distance (input samples) from each tap to the output time
+    window = np.kaiser(2 * half + 1, 8.6)
+    w = np.interp(d, np.arange(-half, half + 1), window, left=0.0, right=0.0)
+    bank = cutoff * np.sinc(cutoff * d) * w
+    return bank / bank.sum(axis=1, keepdims=True), half
+
+
+def resample(samples: npt.NDArray[np.floating], src_rate: int, dst_rate: int = SAMPLE_RATE) -> Float32Array:
+    """Band-limited resampling of a mono signal from ``src_rate`` to ``dst_rate`` (numpy only)."""
+    x = np.asarray(samples, dtype=np.float32)
+    if src_rate == dst_rate or x.size == 0:
+        return x.copy()
+    g = math.gcd(src_rate, dst_rate)
+    up, down = dst_rate // g, src_rate // g
+    bank, half = _kernel_bank(up, down, zero_crossings=16)
+    n_out = (x.size * up) // down
+    padded = np.concatenate(
+        [np.zeros(half, np.float64), x.astype(np.float64), np.zeros(half + 1, np.float64)]
+    )
+    out = np.empty(n_out, dtype=np.float32)
+    taps = np.arange(2 * half)
+    step = max(1, (1 << 20) // (2 * half))  # bound the gather matrix to ~1 M elements
+    for lo in range(0, n_out, step):
+        n = np.arange(lo, min(n_out, lo + step), dtype=np.int64)
+        base, phase = (n * down) // up, (n * down) % up
+        # padded[i + half] is x[i]; output n uses x[base - half + 1 + j] for j in taps.
+        window = padded[base[:, None] + 1 + taps[None, :]]
+        out[lo : lo + n.size] = np.einsum("ij,ij->i", window, bank[phase])
+    return out
+
+
+def to_model_input(samples: npt.NDArray[np.floating], rate: int) -> Float32Array:
+    """Mono float32 at 24 kHz, what the server takes."""
+    return resample(to_mono(samples), rate, SAMPLE_RATE)
+
+
+def float_to_pcm16(samples: npt.NDArray[np.floating]) -> bytes:
+    """Clip to [-1, 1) and round to 16-bit little-endian PCM."""
+    x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 32767 / 32768)
+    return (x * 32768.0).round().astype("<i2").tobytes()
+
+
+def pcm16_to_float(data: bytes) -> Float32Array:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def pad_to_frames(samples: Float32Array, frame_samples: int = FRAME_SAMPLES) -> Float32Array:
+    """Zero-pad to a whole number of frames (the last partial frame is kept, not dropped)."""
+    rest = (-samples.size) % frame_samples
+    return np.concatenate([samples, np.zeros(rest, np.float32)]) if rest else samples
+
+
+def write_wav(path: str | Path, pcm16: bytes, rate: int = SAMPLE_RATE) -> None:
+    """Write mono 16-bit PCM."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm16)
+
+
+def rms(samples: npt.NDArray[np.floating]) -> float:
+    x = np.asarray(samples, dtype=np.float64)
+    return float(np.sqrt(np.mean(x * x))) if x.size else 0.0
+
+
+def speech_like(
+    seconds: float, *, seed: int = 0, rate: int = SAMPLE_RATE, level: float = 0.3
+) -> Float32Array:
+    """Deterministic speech-like audio: syllables (~4 Hz) of voiced harmonics whose pitch glides
+    around 90-220 Hz, with short pauses between phrases and a little breath noise."""
+    rng = np.random.default_rng(seed)
+    n = round(seconds * rate)
+    t = np.arange(n) / rate
+    f0 = 150 + 55 * np.sin(2 * np.pi * 0.37 * t + rng.uniform(0, 6.3)) + 15 * np.sin(2 * np.pi * 2.1 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    voiced = sum((0.9**k) * np.sin(k * phase) for k in range(1, 9))
+    syllable = np.clip(np.sin(2 * np.pi * 4.0 * t + rng.uniform(0, 6.3)), 0, None) ** 0.6
+    phrase = (np.sin(2 * np.pi * 0.25 * t + rng.uniform(0, 6.3)) > -0.6).astype(np.float64)
+    noise = rng.standard_normal(n) * 0.02
+    x = level * 0.35 * voiced * syllable * phrase + noise
+    return np.clip(x, -1.0, 1.0).astype(np.float32)

@@ -1,0 +1,251 @@
+"""``duplex-client``: talk to a duplex-actors server with a WAV file and record the reply.
+
+::
+
+    duplex-client --url ws://127.0.0.1:8000/v1/realtime?duplex=1 --input speech.wav --output reply.wav \\
+        [--voice NATF2.pt] [--persona "..."] [--transcript reply.txt] [--fast] [--api-key K]
+
+Reads any WAV (8/16/24/32-bit PCM or float, any rate, mono or multi-channel: downmixed and
+resampled to 24 kHz mono), appends ``--tail-ms`` of silence (240 ms by default) so the model
+answers the last words, pads to whole 80 ms frames and streams it in real time on absolute 80 ms
+deadlines (``--fast``: as fast as the server takes it, at most ``--window`` frames ahead of the
+reply). Lockstep means one 80 ms reply frame per input frame: the reply WAV (24 kHz mono PCM16)
+is exactly as long as the padded input. Progress goes to stderr; the transcript (the model's
+text stream) to ``--transcript``.
+
+Exit codes: 0 done; 2 bad arguments or unreadable input; 3 unauthorized (HTTP 401/403);
+4 server full (``resource_exhausted``: try again later); 5 refused, connection failed or lost;
+6 the reply was incomplete (not every frame came back in time; what came back is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Final, TextIO
+
+import attrs
+import numpy as np
+import trio
+
+from .audio import (
+    FRAME_S,
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    Float32Array,
+    WavError,
+    pad_to_frames,
+    read_wav,
+    to_model_input,
+    write_wav,
+)
+from .connection import create_duplex_session_config, encode_audio, open_duplex_client
+from .errors import (
+    ConfigRefused,
+    ConnectFailed,
+    ResourceExhausted,
+    ServerClosed,
+    SessionRefused,
+    Unauthorized,
+)
+from .events import AudioDelta, Error, ServerEvent, TranscriptDelta
+
+EXIT_OK: Final = 0
+EXIT_USAGE: Final = 2
+EXIT_AUTH: Final = 3
+EXIT_FULL: Final = 4
+EXIT_FAILED: Final = 5
+EXIT_INCOMPLETE: Final = 6
+
+
+@attrs.define
+class Reply:
+    """What came back, collected in the client's receive task."""
+
+    audio: list[bytes] = attrs.Factory(list)
+    text: list[str] = attrs.Factory(list)
+    frames: int = 0
+    first_audio_at: float | None = None
+    errors: list[Error] = attrs.Factory(list)
+    warn: TextIO | None = None
+
+    def on_event(self, event: ServerEvent) -> None:
+        if isinstance(event, AudioDelta):
+            self.audio.append(event.pcm16)
+            self.frames += event.frames
+            if event.text:
+                self.text.append(event.text)
+            if self.first_audio_at is None:
+                self.first_audio_at = event.received_at
+        elif isinstance(event, TranscriptDelta):
+            self.text.append(event.text)
+        elif isinstance(event, Error):
+            self.errors.append(event)
+            if self.warn is not None:
+                print(f"\nduplex-client: server error {event.code}: {event.message}", file=self.warn)
+
+
+class Progress:
+    """A one-line bar on a terminal (redrawn in place), else a line every ``every`` seconds."""
+
+    def __init__(self, total_frames: int, reply: Reply, stream: TextIO, *, quiet: bool = False) -> None:
+        self.total = total_frames
+        self.reply = reply
+        self.stream = stream
+        self.quiet = quiet
+        self.tty = stream.isatty()
+        self.every = 0.1 if self.tty else 2.0
+        self._last = 0.0
+
+    def __call__(self, sent: int, _total: int) -> None:
+        now = time.monotonic()
+        if self.quiet or (now - self._last < self.every and sent < self.total):
+            return
+        self._last = now
+        self.draw(sent)
+
+    def draw(self, sent: int) -> None:
+        if self.quiet:
+            return
+        width = 30
+        done = int(width * sent / self.total) if self.total else width
+        line = (
+            f"[{'#' * done}{'.' * (width - done)}] {sent * FRAME_S:6.2f}/{self.total * FRAME_S:.2f} s sent, "
+            f"{self.reply.frames * FRAME_S:6.2f} s back"
+        )
+        if self.tty:
+            print("\r" + line, end="", file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        if self.tty and not self.quiet:
+            print(file=self.stream, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="duplex-client",
+        description="Stream a WAV file to a duplex-actors server and record the spoken reply.",
+        epilog="exit codes: 0 done, 2 bad arguments/input, 3 unauthorized, 4 server full, "
+        "5 refused/connection failed, 6 incomplete reply",
+    )
+    parser.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime?duplex=1", help="WebSocket URL")
+    parser.add_argument("--input", "-i", required=True, help="WAV to send (any rate/channels/format)")
+    parser.add_argument("--output", "-o", required=True, help="reply WAV to write (24 kHz mono PCM16)")
+    parser.add_argument("--voice", default=None, help="voice prompt, e.g. NATF2.pt (server default)")
+    parser.add_argument("--persona", default=None, help="persona / system text (server default)")
+    parser.add_argument("--transcript", default=None, help="write the reply's text here")
+    parser.add_argument("--fast", action="store_true", help="send as fast as the server takes it")
+    parser.add_argument("--window", type=int, default=50, help="--fast: frames ahead of the reply (50)")
+    parser.add_argument("--tail-ms", type=float, default=240.0, help="silence appended (default 240)")
+    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the last frames")
+    parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
+    parser.add_argument("--beta", action="store_true", help="ask for OpenAI's beta event names")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    return parser
+
+
+def prepare_input(path: str, tail_ms: float) -> Float32Array:
+    """The WAV as 24 kHz mono float32 with the silence tail, padded to whole frames."""
+    samples, rate = read_wav(path)
+    x = to_model_input(samples, rate)
+    tail = np.zeros(round(max(0.0, tail_ms) / 1000 * SAMPLE_RATE), np.float32)
+    return pad_to_frames(np.concatenate([x, tail]))
+
+
+async def run(args: argparse.Namespace, err: TextIO) -> int:
+    try:
+        samples = prepare_input(args.input, args.tail_ms)
+    except (OSError, WavError) as exc:
+        print(f"duplex-client: cannot read {args.input}: {exc}", file=err)
+        return EXIT_USAGE
+    frames = samples.size // FRAME_SAMPLES
+    if frames == 0:
+        print(f"duplex-client: {args.input} holds no audio", file=err)
+        return EXIT_USAGE
+    audio = encode_audio(samples, "pcm16")
+    config = create_duplex_session_config(voice=args.voice, persona=args.persona, input_format="pcm16")
+    reply = Reply(warn=err)
+    progress = Progress(frames, reply, err, quiet=args.quiet)
+    complete = True
+    try:
+        async with open_duplex_client(
+            args.url,
+            api_key=args.api_key,
+            config=config,
+            beta=args.beta,
+            queue_events=False,
+            on_event=reply.on_event,
+        ) as client:
+            if not args.quiet:
+                print(
+                    f"duplex-client: session {client.session_id} open "
+                    f"(voice {client.session.get('voice')}); sending {frames * FRAME_S:.2f} s "
+                    f"{'as fast as accepted' if args.fast else 'in real time'}",
+                    file=err,
+                )
+            times = await client.stream(
+                audio,
+                paced=not args.fast,
+                max_ahead_frames=max(1, args.window) if args.fast else None,
+                progress=progress,
+            )
+            try:
+                await client.wait_frames(frames, timeout=args.timeout)
+            except trio.TooSlowError:
+                complete = False
+            progress.draw(frames)
+            progress.finish()
+    except Unauthorized as exc:
+        progress.finish()
+        print(f"duplex-client: unauthorized (HTTP {exc.status}): {exc.message}; check --api-key", file=err)
+        return EXIT_AUTH
+    except ResourceExhausted as exc:
+        progress.finish()
+        print(f"duplex-client: the server is full ({exc.message}); try again later", file=err)
+        return EXIT_FULL
+    except ConfigRefused as exc:
+        print(f"duplex-client: the session config was refused: {exc.code}: {exc.message}", file=err)
+        return EXIT_FAILED
+    except (SessionRefused, ConnectFailed, ServerClosed) as exc:
+        progress.finish()
+        print(f"duplex-client: {exc}", file=err)
+        return EXIT_FAILED
+
+    pcm = b"".join(reply.audio)
+    write_wav(args.output, pcm)
+    transcript = "".join(reply.text)
+    if args.transcript:
+        Path(args.transcript).write_text(transcript + ("\n" if transcript else ""), encoding="utf-8")
+    if not args.quiet:
+        ttfa = (
+            (reply.first_audio_at - times[0]) * 1000 if reply.first_audio_at is not None and times else None
+        )
+        print(
+            f"duplex-client: wrote {args.output}: {reply.frames} frames ({reply.frames * FRAME_S:.2f} s) for "
+            f"{frames} sent; first audio after {ttfa:.0f} ms; transcript {len(transcript)} characters"
+            if ttfa is not None
+            else f"duplex-client: wrote {args.output}: no audio came back",
+            file=err,
+        )
+    if not complete or reply.frames < frames:
+        print(f"duplex-client: incomplete reply: {reply.frames} of {frames} frames came back", file=err)
+        return EXIT_INCOMPLETE
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return trio.run(run, args, sys.stderr)
+    except KeyboardInterrupt:
+        print("\nduplex-client: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

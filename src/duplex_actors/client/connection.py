@@ -1,0 +1,719 @@
+"""``DuplexClient``: one duplex session over a WebSocket (trio + trio-websocket).
+
+::
+
+    config = create_duplex_session_config(voice="NATF2.pt", persona="You are ...")
+    async with open_duplex_client("ws://127.0.0.1:8000/v1/realtime?duplex=1", config=config) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.stream, samples)      # paced on absolute 80 ms deadlines
+            async for event in client.events():
+                if isinstance(event, AudioDelta):
+                    play(event.pcm16)
+                ...
+
+A background task reads every server message as soon as it arrives, so the server's bounded
+outbox is always drained whatever the caller does; the typed events (:mod:`.events`) go to an
+unbounded queue read by :meth:`DuplexClient.events` (pass ``queue_events=False`` and an
+``on_event`` callback when you consume them as they come, as ``duplex-load`` does).
+
+Opening waits for ``session.created`` and the ``session.updated`` that follows it. A ``config``
+is sent as the first message (``session.update`` with ``?autostart=0`` on the Realtime route,
+``session.create`` on the native ``/v1/duplex`` route), so the session opens with it; then one
+``session.heartbeat`` (its ``session.heartbeat_ack`` is in the event stream) makes sure any part
+of the config the server refused is known before the block starts. Refusals
+raise typed exceptions (:mod:`.errors`): ``Unauthorized`` (HTTP 401/403 before the upgrade),
+``ResourceExhausted`` (every slot taken: ``error resource_exhausted`` then close 1013),
+``SessionRefused``, ``ConfigRefused``, ``ServerClosed``. Leaving the ``async with`` block closes
+the session cleanly (``session.close``, then waits for ``session.closed``).
+
+The client never imports torch or the model: only the sans-io protocol classes and numpy.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, NoReturn
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    connect_websocket_url,
+)
+
+from ..protocol.codec import dumps, encode_client_event
+from ..protocol.events import (
+    ClientEvent,
+    Dialect,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    OutputAudioBufferClear,
+    ResponseCancel,
+    SessionClose,
+    SessionCreate,
+    SessionHeartbeat,
+    SessionUpdate,
+)
+from ..protocol.native import split_binary_frame
+from ..session.audio import canonical_format
+from .audio import FRAME_S, FRAME_SAMPLES, float_to_pcm16
+from .errors import (
+    ConfigRefused,
+    ConnectFailed,
+    HandshakeRejected,
+    ResourceExhausted,
+    ServerClosed,
+    SessionRefused,
+    Unauthorized,
+)
+from .events import (
+    AudioDelta,
+    Error,
+    ResponseCreated,
+    ResponseDone,
+    ServerEvent,
+    SessionClosed,
+    SessionCreated,
+    SessionUpdated,
+    parse_server_event,
+)
+
+DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+HISTORY: Final = 1024  # recent events kept for wait_for(after=...)
+_HEARTBEAT_ACK: Final = "session.heartbeat_ack"
+_RECEIVE_BUFFER: Final = 64 * 1024
+
+AudioInput = bytes | bytearray | memoryview | npt.NDArray[Any]
+EventMatch = type[ServerEvent] | tuple[type[ServerEvent], ...] | Callable[[ServerEvent], bool]
+
+
+# -- session config and audio encoding ---------------------------------------------------------
+def create_duplex_session_config(
+    *,
+    voice: str | None = None,
+    persona: str | None = None,
+    input_format: str = "pcm16",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A session object for ``session.update`` / ``session.create``.
+
+    ``voice``: a bundled voice prompt (``NATF2.pt``); ``persona``: the system text (sent as
+    ``instructions``); ``input_format``: ``pcm16`` or ``pcm_f32le`` (mono 24 kHz). ``extra`` keys
+    are passed through (``temperature``, ``extra_body``, ...). Omitted values take the server's
+    defaults.
+    """
+    config: dict[str, Any] = {"input_audio_format": canonical_format(input_format), "sample_rate_hz": 24_000}
+    if voice is not None:
+        config["voice"] = voice
+    if persona is not None:
+        config["instructions"] = persona
+    config.update(extra)
+    return config
+
+
+def _wire(event: ClientEvent) -> str:
+    """JSON text of a client event, through the protocol's own encoder (``None`` fields dropped)."""
+    obj = {k: v for k, v in encode_client_event(event).items() if v is not None}
+    return dumps(obj)
+
+
+# The append message is the hot path: build its text around the base64 once, from the encoder.
+_APPEND_HEAD, _APPEND_TAIL = _wire(InputAudioBufferAppend(audio="\x00")).split("\\u0000")
+
+
+def append_message(audio: bytes) -> str:
+    """``input_audio_buffer.append`` JSON text carrying ``audio`` (already in the session format)."""
+    return _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
+
+
+def to_wire_bytes(samples: AudioInput, input_format: str = "pcm16") -> bytes:
+    """Audio as the bytes of ``input_format``. Bytes pass through unchanged (they must already be
+    in that format); int16 arrays are PCM16; float arrays are samples in [-1, 1]."""
+    if isinstance(samples, bytes | bytearray | memoryview):
+        return bytes(samples)
+    x = np.asarray(samples)
+    if x.ndim != 1:
+        raise ValueError(f"expected mono samples (a 1-D array), got shape {x.shape}")
+    fmt = canonical_format(input_format)
+    if x.dtype == np.int16:
+        if fmt == "pcm16":
+            return x.astype("<i2", copy=False).tobytes()
+        return (x.astype(np.float32) / 32768.0).astype("<f4").tobytes()
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"samples must be int16 or float, not {x.dtype}")
+    if fmt == "pcm16":
+        return float_to_pcm16(x)
+    return np.ascontiguousarray(x, dtype="<f4").tobytes()
+
+
+@attrs.frozen
+class EncodedAudio:
+    """Audio pre-encoded as ``input_audio_buffer.append`` messages, one per 80 ms frame (the last
+    may be shorter). Encode once and stream it many times (``duplex-load`` shares one between
+    all its sessions)."""
+
+    messages: tuple[str, ...]
+    total_samples: int
+    input_format: str
+
+    @property
+    def frames(self) -> int:
+        return len(self.messages)
+
+    @property
+    def seconds(self) -> float:
+        return self.total_samples / 24_000
+
+
+def encode_audio(
+    samples: AudioInput, input_format: str = "pcm16", frame_samples: int = FRAME_SAMPLES
+) -> EncodedAudio:
+    fmt = canonical_format(input_format)
+    data = to_wire_bytes(samples, fmt)
+    width = 2 if fmt == "pcm16" else 4
+    step = frame_samples * width
+    messages = tuple(append_message(data[i : i + step]) for i in range(0, len(data), step))
+    return EncodedAudio(messages, len(data) // width, fmt)
+
+
+def _dialect_of(url: str) -> Dialect:
+    return "native" if urlsplit(url).path.rstrip("/").endswith("/v1/duplex") else "realtime"
+
+
+def _with_query(url: str, **params: str) -> str:
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in params]
+    query += list(params.items())
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _autostart_off(url: str) -> bool:
+    return dict(parse_qsl(urlsplit(url).query)).get("autostart") == "0"
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    """Re-raise ``exc`` unwrapped from an exception group, keeping its own context."""
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+        del exc, context
+
+
+def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+# -- the client --------------------------------------------------------------------------------
+class DuplexClient:
+    """One open duplex session. Create it with :func:`open_duplex_client`.
+
+    State the receive task keeps current: ``session_id``, ``session`` (the effective session
+    object), ``response_id`` (the open response, if any), ``epoch``, ``frames_received`` (output
+    frames), ``samples_sent``/``frames_sent`` (input), ``events_received``, ``closed_event``
+    (the ``session.closed``), ``close_code``/``close_reason`` (the WebSocket's).
+    """
+
+    reply_timeout: float = 10.0
+
+    def __init__(
+        self,
+        ws: WebSocketConnection,
+        *,
+        dialect: Dialect,
+        input_format: str = "pcm16",
+        on_event: Callable[[ServerEvent], None] | None = None,
+        queue_events: bool = True,
+    ) -> None:
+        self.ws = ws
+        self.dialect: Dialect = dialect
+        self.input_format = canonical_format(input_format)
+        self.session_id: str | None = None
+        self.session: dict[str, Any] = {}
+        self.created: SessionCreated | None = None
+        self.closed_event: SessionClosed | None = None
+        self.close_code: int | None = None
+        self.close_reason: str | None = None
+        self.response_id: str | None = None
+        self.epoch = 0
+        self.samples_sent = 0
+        self.frames_received = 0
+        self.events_received = 0
+        self.errors: list[Error] = []
+        self.recent: deque[ServerEvent] = deque(maxlen=HISTORY)
+        self.failure: BaseException | None = None
+        self._on_event = on_event
+        self._queue_events = queue_events
+        self._send_ch, self._recv_ch = trio.open_memory_channel[ServerEvent](math.inf)
+        self._changed = trio.Event()
+        self._done = trio.Event()
+        self._opened = False
+        self._updated_after_open = False
+        self._open_errors: list[Error] = []
+        self._ids = itertools.count(1)
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def frames_sent(self) -> int:
+        """Whole 80 ms input frames sent so far."""
+        return self.samples_sent // FRAME_SAMPLES
+
+    @property
+    def is_closed(self) -> bool:
+        """The connection has closed (the receive task has seen the end)."""
+        return self._done.is_set()
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        caps = self.session.get("capabilities")
+        return dict(caps) if isinstance(caps, dict) else {}
+
+    # -- receiving -------------------------------------------------------------------------------
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _parse(self, message: str | bytes, now: float) -> ServerEvent:
+        seq = self.events_received + 1
+        if isinstance(message, bytes):  # native binary output: u32 LE frame index + PCM16
+            index, pcm = split_binary_frame(message)
+            return AudioDelta(
+                type="response.output_audio.delta",
+                raw={},
+                received_at=now,
+                seq=seq,
+                response_id=self.response_id,
+                epoch=self.epoch,
+                frame_index=index,
+                pcm16=pcm,
+            )
+        try:
+            obj = json.loads(message)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            obj = {"type": "invalid_json", "text": message[:1000]}
+        return parse_server_event(obj, dialect=self.dialect, received_at=now, seq=seq)
+
+    def _track(self, event: ServerEvent) -> None:
+        self.events_received = event.seq
+        if isinstance(event, AudioDelta):
+            self.frames_received += event.frames
+            self.epoch = event.epoch
+        elif isinstance(event, SessionCreated):
+            self.created = event
+            self.session_id = event.session_id
+            self.session = event.session
+        elif isinstance(event, SessionUpdated):
+            self.session = event.session
+            if self.created is not None:
+                self._updated_after_open = True
+        elif isinstance(event, ResponseCreated):
+            self.response_id = event.response_id
+            if event.epoch is not None:
+                self.epoch = event.epoch
+        elif isinstance(event, ResponseDone):
+            if self.response_id == event.response_id:
+                self.response_id = None
+        elif isinstance(event, Error):
+            self.errors.append(event)
+            if not self._opened:
+                self._open_errors.append(event)
+        elif isinstance(event, SessionClosed):
+            self.closed_event = event
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                message = await self.ws.get_message()
+                event = self._parse(message, trio.current_time())
+                self._track(event)
+                self.recent.append(event)
+                if self._on_event is not None:
+                    self._on_event(event)
+                if self._queue_events:
+                    self._send_ch.send_nowait(event)
+                self._poke()
+        except ConnectionClosed as exc:
+            if exc.reason is not None:
+                self.close_code, self.close_reason = exc.reason.code, exc.reason.reason
+        except Exception as exc:  # a bug or an on_event callback that raised: end the connection
+            self.failure = exc
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await self.ws.aclose(1011, "client failure")
+        finally:
+            if self.close_code is None and self.ws.closed is not None:
+                self.close_code, self.close_reason = self.ws.closed.code, self.ws.closed.reason
+            self._done.set()
+            self._send_ch.close()
+            self._poke()
+
+    async def events(self) -> AsyncIterator[ServerEvent]:
+        """Every server event in order. Ends after ``session.closed`` (and the socket's close);
+        raises :class:`ServerClosed` if the socket closed without ``session.closed``."""
+        if not self._queue_events:
+            raise RuntimeError("this client was opened with queue_events=False")
+        async for event in self._recv_ch:
+            yield event
+        if self.closed_event is None:
+            raise ServerClosed(self.close_code, self.close_reason)
+
+    async def wait_until(self, predicate: Callable[[], Any], *, timeout: float | None = None) -> Any:
+        """Wait (bounded by ``timeout`` -> ``trio.TooSlowError``) until ``predicate()`` is truthy,
+        re-checked after every event; raises :class:`ServerClosed` if the connection ends first."""
+        with trio.fail_after(self.reply_timeout if timeout is None else timeout):
+            while True:
+                result = predicate()
+                if result:
+                    return result
+                if self._done.is_set():
+                    raise ServerClosed(self.close_code, self.close_reason) from self.failure
+                await self._changed.wait()
+
+    async def wait_for(
+        self, match: EventMatch, *, after: int | None = None, timeout: float | None = None
+    ) -> ServerEvent:
+        """The first event with ``seq > after`` (default: the next one to arrive) that is an
+        instance of ``match`` (a class or tuple of classes) or satisfies it (a callable). Looks
+        back over the last ``HISTORY`` events, so ``after=client.events_received`` taken before
+        sending a command never misses its answer."""
+        start = self.events_received if after is None else after
+        test: Callable[[ServerEvent], bool]
+        if isinstance(match, type | tuple):
+            classes = match
+            test = lambda e: isinstance(e, classes)  # noqa: E731
+        else:
+            test = match
+        checked = start
+
+        def found() -> ServerEvent | None:
+            nonlocal checked
+            hit = None
+            for event in self.recent:
+                if event.seq > checked and test(event):
+                    hit = event
+                    break
+            if hit is None and self.recent:
+                checked = max(checked, self.recent[-1].seq)
+            return hit
+
+        result: ServerEvent = await self.wait_until(found, timeout=timeout)
+        return result
+
+    async def wait_frames(self, count: int, *, timeout: float | None = None) -> None:
+        """Wait until at least ``count`` output frames have arrived in this session."""
+        await self.wait_until(lambda: self.frames_received >= count, timeout=timeout)
+
+    # -- sending ---------------------------------------------------------------------------------
+    def _event_id(self, kind: str) -> str:
+        return f"{kind}_{next(self._ids)}"
+
+    async def send_raw(self, message: str | bytes) -> None:
+        """Send one WebSocket message as is; raises :class:`ServerClosed` once the connection
+        has closed."""
+        if self._done.is_set():
+            raise ServerClosed(self.close_code, self.close_reason)
+        try:
+            await self.ws.send_message(message)
+        except ConnectionClosed as exc:
+            code = exc.reason.code if exc.reason is not None else self.close_code
+            raise ServerClosed(code, exc.reason.reason if exc.reason else self.close_reason) from None
+
+    async def send(self, event: ClientEvent) -> None:
+        """Send a client event of :mod:`duplex_actors.protocol.events`."""
+        await self.send_raw(_wire(event))
+
+    async def send_audio(self, samples: AudioInput) -> int:
+        """Append audio (any chunk size; the server keeps the partial tail). Bytes must be in the
+        session's input format; int16/float arrays are converted. Returns the samples sent."""
+        data = to_wire_bytes(samples, self.input_format)
+        width = 2 if self.input_format == "pcm16" else 4
+        self.samples_sent += len(data) // width
+        await self.send_raw(append_message(data))
+        return len(data) // width
+
+    async def stream(
+        self,
+        audio: AudioInput | EncodedAudio,
+        *,
+        paced: bool = True,
+        start: float | None = None,
+        max_ahead_frames: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        times: list[float] | None = None,
+    ) -> list[float]:
+        """Send ``audio`` as 80 ms frames and return the time (``trio.current_time()``) each
+        frame was handed to the socket.
+
+        ``paced``: frame k goes out at the absolute deadline ``start + k * 0.08`` (``start``:
+        now by default), so a late wake-up never accumulates drift. Unpaced: as fast as the
+        socket takes them, at most ``max_ahead_frames`` ahead of the output already received
+        when given (the server buffers at least 10 s of input; beyond, ``input_backpressure``).
+        ``progress(sent, total)`` is called after each frame. ``times``: a list to append the send
+        times to as they happen (kept by the caller if the stream is interrupted).
+        """
+        enc = audio if isinstance(audio, EncodedAudio) else encode_audio(audio, self.input_format)
+        if enc.input_format != self.input_format:
+            raise ValueError(f"audio encoded as {enc.input_format}, session takes {self.input_format}")
+        t0 = trio.current_time() if start is None else start
+        total = enc.frames
+        times = [] if times is None else times
+        remaining = enc.total_samples
+        for k, message in enumerate(enc.messages):
+            if paced:
+                await trio.sleep_until(t0 + k * FRAME_S)
+            elif max_ahead_frames is not None and self.frames_sent - self.frames_received >= max_ahead_frames:
+                await self.wait_until(self._room_ahead(max_ahead_frames), timeout=30.0)
+            times.append(trio.current_time())
+            n = min(FRAME_SAMPLES, remaining)
+            remaining -= n
+            self.samples_sent += n
+            await self.send_raw(message)
+            if progress is not None:
+                progress(k + 1, total)
+        return times
+
+    def _room_ahead(self, limit: int) -> Callable[[], bool]:
+        return lambda: self.frames_sent - self.frames_received < limit
+
+    async def cancel(self, response_id: str | None = None) -> str:
+        """``response.cancel``: ends the open response (terminal group, ``response.done``); the
+        next input frame starts a new epoch. Returns the client event id."""
+        eid = self._event_id("cancel")
+        await self.send(ResponseCancel(response_id=response_id, event_id=eid))
+        return eid
+
+    async def clear_input(self) -> str:
+        """``input_audio_buffer.clear``: drop the partial input frame (no epoch change)."""
+        eid = self._event_id("clear_input")
+        await self.send(InputAudioBufferClear(event_id=eid))
+        return eid
+
+    async def clear_output(self) -> str:
+        """``output_audio_buffer.clear``: end the response as cleared; a new epoch follows."""
+        eid = self._event_id("clear_output")
+        await self.send(OutputAudioBufferClear(event_id=eid))
+        return eid
+
+    async def heartbeat(self) -> str:
+        eid = self._event_id("heartbeat")
+        await self.send(SessionHeartbeat(event_id=eid))
+        return eid
+
+    async def update(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> SessionUpdated:
+        """``session.update`` and wait for its ``session.updated`` (the full effective session);
+        ``persona=`` is sent as ``instructions``. Raises :class:`RequestRefused` on ``error``."""
+        from .errors import RequestRefused
+
+        session = dict(config or {})
+        if "persona" in fields:
+            fields["instructions"] = fields.pop("persona")
+        session.update(fields)
+        eid = self._event_id("update")
+        mark = self.events_received
+        await self.send(SessionUpdate(session=session, event_id=eid))
+
+        def answer(event: ServerEvent) -> bool:
+            return isinstance(event, SessionUpdated) or (isinstance(event, Error) and event.event_id == eid)
+
+        reply = await self.wait_for(answer, after=mark)
+        if isinstance(reply, Error):
+            raise RequestRefused(reply.code, reply.message, eid)
+        assert isinstance(reply, SessionUpdated)
+        return reply
+
+    async def close(self, *, timeout: float = 10.0) -> SessionClosed | None:
+        """``session.close``; waits for ``session.closed`` and the socket's close (at most
+        ``timeout``, then aborts). Idempotent. Returns the ``session.closed`` event (``None`` if
+        the connection ended without one)."""
+        if not self._done.is_set():
+            try:
+                await self.send(SessionClose(event_id=self._event_id("close")))
+            except ServerClosed:
+                pass
+            with trio.move_on_after(timeout):
+                await self._done.wait()
+            if not self._done.is_set():
+                with trio.move_on_after(2):
+                    await self.ws.aclose()
+        return self.closed_event
+
+    # -- opening ---------------------------------------------------------------------------------
+    async def _open(self, config: Mapping[str, Any] | None, *, first_message: bool, timeout: float) -> None:
+        sent_config = self.dialect == "native" or first_message
+        if self.dialect == "native":
+            await self.send(SessionCreate(session=dict(config or {}), event_id="open"))
+        elif first_message:
+            await self.send(SessionUpdate(session=dict(config or {}), event_id="open"))
+        try:
+            with trio.fail_after(timeout):
+                await self.wait_until(
+                    lambda: (self.created is not None and self._updated_after_open) or self._done.is_set(),
+                    timeout=math.inf,
+                )
+                if self.created is not None and sent_config and not self._open_errors:
+                    # A refused part of the config is answered after session.updated: a heartbeat
+                    # is answered in order, so once its ack is here any such error is too.
+                    eid = await self.heartbeat()
+                    await self.wait_for(
+                        lambda e: e.type == _HEARTBEAT_ACK or (isinstance(e, Error) and e.event_id == eid),
+                        after=0,
+                        timeout=math.inf,
+                    )
+        except trio.TooSlowError:
+            raise ConnectFailed(f"no session.created within {timeout:g} s") from None
+        except ServerClosed:
+            pass  # refused, or closed right after opening: told apart below
+        self._opened = True
+        if self.created is None:
+            if self._open_errors:
+                err = self._open_errors[0]
+                with trio.move_on_after(2):
+                    await self._done.wait()  # the close code follows the error
+                cls = ResourceExhausted if err.code == "resource_exhausted" else SessionRefused
+                raise cls(err.code, err.message, self.close_code)
+            raise ServerClosed(self.close_code, self.close_reason) from self.failure
+        if self._open_errors:
+            err = self._open_errors[0]
+            raise ConfigRefused(err.code, err.message)
+        if self._done.is_set() and self.closed_event is None:
+            raise ServerClosed(self.close_code, self.close_reason) from self.failure
+
+
+def _rejection(exc: ConnectionRejected) -> HandshakeRejected:
+    message, code = "", None
+    try:
+        body = json.loads(exc.body or b"{}")
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            message, code = str(err.get("message", "")), err.get("code")
+    except ValueError:
+        message = (exc.body or b"").decode("utf-8", "replace")[:500]
+    message = message or f"the server refused the WebSocket upgrade (HTTP {exc.status_code})"
+    cls = Unauthorized if exc.status_code in (401, 403) else HandshakeRejected
+    return cls(exc.status_code, message, code if isinstance(code, str) else None)
+
+
+async def _connect(
+    nursery: trio.Nursery,
+    url: str,
+    headers: list[tuple[bytes, bytes]],
+    subprotocols: Sequence[str] | None,
+    timeout: float,
+    max_message_size: int,
+    *,
+    label: str,
+) -> WebSocketConnection:
+    try:
+        with trio.fail_after(timeout):
+            return await connect_websocket_url(
+                nursery,
+                url,
+                extra_headers=headers,
+                subprotocols=subprotocols,
+                max_message_size=max_message_size,
+                receive_buffer_size=_RECEIVE_BUFFER,
+            )
+    except ConnectionRejected as exc:
+        raise _rejection(exc) from None
+    except trio.TooSlowError:
+        raise ConnectFailed(f"could not connect to {label} within {timeout:g} s") from None
+    except (HandshakeError, OSError, ValueError) as exc:
+        raise ConnectFailed(f"could not connect to {label}: {exc}") from exc
+
+
+@asynccontextmanager
+async def open_duplex_client(
+    url: str,
+    *,
+    api_key: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    beta: bool = False,
+    subprotocols: Sequence[str] | None = None,
+    connect_timeout: float = 10.0,
+    open_timeout: float = 30.0,
+    close_timeout: float = 10.0,
+    on_event: Callable[[ServerEvent], None] | None = None,
+    queue_events: bool = True,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> AsyncIterator[DuplexClient]:
+    """Connect, open a session (with ``config`` when given) and yield the client; on exit, close
+    the session and the socket.
+
+    ``url``: ``ws://host:port/v1/realtime?duplex=1`` (OpenAI Realtime dialect) or
+    ``ws://host:port/v1/duplex`` (native). ``api_key``: sent as ``Authorization: Bearer``.
+    ``beta``: ask for OpenAI's beta event names (``OpenAI-Beta: realtime=v1``); the typed events
+    are the same either way. ``on_event`` is called in the receive task for every event (keep it
+    quick; an exception in it ends the connection and is re-raised on exit).
+    """
+    dialect = _dialect_of(url)
+    first_message = dialect == "realtime" and (config is not None or _autostart_off(url))
+    wire_url = _with_query(url, autostart="0") if first_message else url
+    headers: list[tuple[bytes, bytes]] = []
+    if api_key:
+        headers.append((b"Authorization", f"Bearer {api_key}".encode()))
+    if beta:
+        headers.append((b"OpenAI-Beta", b"realtime=v1"))
+    input_format = str((config or {}).get("input_audio_format") or "pcm16")
+    client: DuplexClient | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            ws = await _connect(
+                nursery, wire_url, headers, subprotocols, connect_timeout, max_message_size, label=url
+            )
+            client = DuplexClient(
+                ws, dialect=dialect, input_format=input_format, on_event=on_event, queue_events=queue_events
+            )
+            nursery.start_soon(client._receive_loop)
+            graceful = False
+            try:
+                await client._open(config, first_message=first_message, timeout=open_timeout)
+                yield client
+                graceful = True
+            finally:
+                with trio.CancelScope(shield=True):
+                    if graceful:
+                        with trio.move_on_after(close_timeout + 3):
+                            await client.close(timeout=close_timeout)
+                    elif not client.is_closed:
+                        with trio.move_on_after(1):  # best effort: a clean reason in the log
+                            try:
+                                await client.send(SessionClose(event_id="abort"))
+                            except ServerClosed:
+                                pass
+                    with trio.move_on_after(3):
+                        await ws.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaf = _only(group)
+        if leaf is None:
+            raise
+        # trio-websocket raises a refused upgrade in its reader task, i.e. out of the nursery
+        if isinstance(leaf, ConnectionRejected):
+            raise _rejection(leaf) from None
+        if isinstance(leaf, HandshakeError):
+            raise ConnectFailed(f"could not connect to {url}: {leaf!r}") from None
+        _raise(leaf)
+    if client is not None and client.failure is not None:
+        raise client.failure

@@ -1,0 +1,576 @@
+"""``duplex-load``: N concurrent sessions paced in real time, and whether the server kept up.
+
+::
+
+    duplex-load --url ws://127.0.0.1:8000/v1/realtime?duplex=1 --sessions 8 --seconds 10 --out load/
+    duplex-load --url ... --seconds 10 --ramp --out ramp/
+
+Every session opens first (concurrently); then all stream the same pre-encoded audio
+(synthetic speech-like audio, or ``--input WAV``) on absolute 80 ms deadlines, with start phases
+spread evenly over one frame (``--sync-start``: all on the same instant), and wait up to
+``--drain`` seconds for their last frames before closing. The numbers (see
+:mod:`duplex_actors.client.stats`): frames sent/received, coverage, time to first audio, frame
+round trip p50/p99/max, output packet interval, underruns behind a 120 ms jitter buffer, lost
+frames, real-time factor, and the server's ``duplex_deadline_misses_total`` delta from
+``/metrics``. A run *held* real time when every session opened and streamed, coverage >= 0.99,
+round trip p99 <= 80 ms and no frame was lost.
+
+``--ramp`` runs N = 1, 2, 4, ... (``--ramp-step K``: 1, 1+K, ...) until a run breaks or N
+reaches the server's slot count, then bisects between the last N that held and the first that
+broke, and reports the largest N that held. A p99 measured on a shared machine is noisy, so a
+run that breaks is repeated ``--retries`` times (default 1; not when sessions were refused)
+and N holds if any attempt held; every attempt is in the report. Writes ``load.json`` and ``load.png`` (round-trip
+histogram + per-session timeline; for a ramp, of the largest N that held, plus ``ramp.png``)
+into ``--out``, and prints a summary table.
+
+The generator shares the machine with the server, so its per-frame work is kept tiny: the audio
+is base64-encoded once for all sessions and each arrival is only time-stamped and appended.
+
+Exit codes: 0 the run completed (held or not: see the output), 2 bad arguments or input,
+3 unauthorized, 4 no session could be opened, 5 connection failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+import numpy as np
+import trio
+
+from .audio import FRAME_S, FRAME_SAMPLES, Float32Array, WavError, read_wav, speech_like, to_model_input
+from .connection import EncodedAudio, create_duplex_session_config, encode_audio, open_duplex_client
+from .errors import ConnectFailed, DuplexError, ResourceExhausted, ServerClosed, SessionRefused, Unauthorized
+from .events import AudioDelta, Error, ServerEvent
+from .stats import Delta, aggregate, prometheus_value, session_stats
+
+MIN_COVERAGE: Final = 0.99
+MAX_P99_MS: Final = 80.0
+EXIT_OK, EXIT_USAGE, EXIT_AUTH, EXIT_REFUSED, EXIT_CONNECT = 0, 2, 3, 4, 5
+
+
+# -- one session -------------------------------------------------------------------------------
+@attrs.define(eq=False)
+class SessionRun:
+    """What one session sent and received; filled by its task, analysed after the run."""
+
+    index: int
+    offset: float
+    session_id: str | None = None
+    open_ms: float | None = None
+    failure: str | None = None
+    send_times: list[float] = attrs.Factory(list)
+    deltas: list[Delta] = attrs.Factory(list)
+    errors: list[str] = attrs.Factory(list)
+    close_reason: str | None = None
+
+    def on_event(self, event: ServerEvent) -> None:
+        # Runs in the client's receive task for every event: keep it to an append.
+        if type(event) is AudioDelta:
+            self.deltas.append(Delta(event.received_at, event.epoch, event.frame_index, event.frames))
+        elif type(event) is Error:
+            self.errors.append(event.code)
+
+
+@attrs.define
+class Trial:
+    n: int
+    runs: list[SessionRun]
+    t0: float
+    wall_s: float
+    client_cpu_pct: float
+    server: dict[str, Any]
+    sessions: list[dict[str, Any]] = attrs.Factory(list)
+    aggregate: dict[str, Any] = attrs.Factory(dict)
+    held: bool = False
+    reasons: list[str] = attrs.Factory(list)
+    attempt: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "attempt": self.attempt,
+            "held": self.held,
+            "reasons": self.reasons,
+            "aggregate": self.aggregate,
+            "server": self.server,
+            "client_cpu_pct": self.client_cpu_pct,
+            "wall_s": round(self.wall_s, 3),
+            "sessions": self.sessions,
+        }
+
+
+# -- the server's HTTP side --------------------------------------------------------------------
+def http_base(ws_url: str) -> str:
+    """``ws://host:port/...`` -> ``http://host:port`` (``wss`` -> ``https``)."""
+    parts = urlsplit(ws_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, "", "", ""))
+
+
+def _http_get(url: str, api_key: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
+            return int(resp.status), resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return 0, ""
+
+
+async def scrape(base: str, api_key: str | None = None) -> dict[str, float | None]:
+    """The server counters ``duplex-load`` reports (``None`` when /metrics is unreachable)."""
+    status, text = await trio.to_thread.run_sync(_http_get, base + "/metrics", api_key)
+    names = {
+        "deadline_misses": "duplex_deadline_misses_total",
+        "step_seconds_sum": "duplex_step_duration_seconds_sum",
+        "steps": "duplex_step_duration_seconds_count",
+        "frames_dropped": "duplex_frames_dropped_total",
+        "frames_out": "duplex_frames_out_total",
+    }
+    if status != 200:
+        return dict.fromkeys(names)
+    return {key: prometheus_value(text, metric) for key, metric in names.items()}
+
+
+def _delta(after: dict[str, float | None], before: dict[str, float | None], key: str) -> float | None:
+    a, b = after.get(key), before.get(key)
+    return None if a is None or b is None else a - b
+
+
+async def ready(base: str, api_key: str | None = None) -> dict[str, Any]:
+    status, text = await trio.to_thread.run_sync(_http_get, base + "/ready", api_key)
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        body = {}
+    return {"status": status, **(body if isinstance(body, dict) else {})}
+
+
+async def wait_idle(base: str, api_key: str | None = None, timeout: float = 15.0) -> None:
+    """Until every slot is free again (sessions of the last run released), at most ``timeout``."""
+    with trio.move_on_after(timeout):
+        while True:
+            body = await ready(base, api_key)
+            if body.get("status") != 200 or body.get("slots_free") == body.get("slots_total"):
+                return
+            await trio.sleep(0.1)
+
+
+# -- a run of N sessions -----------------------------------------------------------------------
+@attrs.frozen
+class Options:
+    url: str
+    seconds: float
+    api_key: str | None
+    config: dict[str, Any]
+    sync_start: bool = False
+    drain_s: float = 2.0
+    jitter_buffer_s: float = 0.12
+    min_coverage: float = MIN_COVERAGE
+    max_p99_ms: float = MAX_P99_MS
+
+
+async def run_trial(opts: Options, n: int, audio: EncodedAudio) -> Trial:
+    """Open ``n`` sessions, stream ``audio`` into each on absolute deadlines, analyse."""
+    base = http_base(opts.url)
+    before = await scrape(base, opts.api_key)
+    runs = [SessionRun(i, 0.0 if opts.sync_start else i * FRAME_S / n) for i in range(n)]
+    pending = n
+    go = trio.Event()
+    start = [0.0]
+
+    def opened_or_failed() -> None:
+        nonlocal pending
+        pending -= 1
+        if pending == 0:
+            start[0] = trio.current_time() + 0.1
+            go.set()
+
+    async def session(run: SessionRun) -> None:
+        signalled = False
+        t_connect = trio.current_time()
+        try:
+            async with open_duplex_client(
+                opts.url,
+                api_key=opts.api_key,
+                config=opts.config,
+                queue_events=False,
+                on_event=run.on_event,
+            ) as client:
+                run.session_id = client.session_id
+                run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
+                signalled = True
+                opened_or_failed()
+                await go.wait()
+                await client.stream(audio, start=start[0] + run.offset, times=run.send_times)
+                with trio.move_on_after(opts.drain_s):
+                    await client.wait_frames(len(run.send_times), timeout=opts.drain_s + 1)
+            run.close_reason = client.closed_event.reason if client.closed_event else None
+        except Unauthorized as exc:
+            run.failure = f"unauthorized: {exc}"
+        except ResourceExhausted:
+            run.failure = "resource_exhausted"
+        except SessionRefused as exc:
+            run.failure = exc.code
+        except ConnectFailed as exc:
+            run.failure = f"connect_failed: {exc}"
+        except ServerClosed as exc:
+            run.failure = f"server_closed {exc.code} {exc.reason}"
+        except (trio.TooSlowError, DuplexError) as exc:
+            run.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            if not signalled:
+                opened_or_failed()
+
+    cpu0, wall0 = time.process_time(), trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for run in runs:
+            nursery.start_soon(session, run)
+    wall = trio.current_time() - wall0
+    cpu_pct = round(100 * (time.process_time() - cpu0) / wall, 1) if wall > 0 else 0.0
+    await trio.sleep(0.2)  # let the server's counters settle after the closes
+    after = await scrape(base, opts.api_key)
+    steps = _delta(after, before, "steps")
+    step_sum = _delta(after, before, "step_seconds_sum")
+    server = {
+        "deadline_misses": _delta(after, before, "deadline_misses"),
+        "frames_dropped": _delta(after, before, "frames_dropped"),
+        "steps": steps,
+        "step_ms_mean": round(1000 * step_sum / steps, 3) if steps and step_sum is not None else None,
+    }
+    trial = Trial(n, runs, start[0], wall, cpu_pct, server)
+    analyse(trial, opts)
+    return trial
+
+
+def analyse(trial: Trial, opts: Options) -> None:
+    all_rtt: list[float] = []
+    all_intervals: list[float] = []
+    for run in trial.runs:
+        stats = session_stats(run.send_times, run.deltas, jitter_buffer=opts.jitter_buffer_s)
+        arrived: dict[int, float] = {}
+        for d in run.deltas:
+            for k in range(d.frame_index, d.frame_index + d.frames):
+                arrived.setdefault(k, d.received_at)
+        all_rtt += [(arrived[k] - t) * 1000 for k, t in enumerate(run.send_times) if k in arrived]
+        all_intervals += list(np.diff([d.received_at for d in run.deltas]) * 1000)
+        trial.sessions.append(
+            {
+                "index": run.index,
+                "session_id": run.session_id,
+                "open_ms": run.open_ms,
+                "start_offset_ms": round(run.offset * 1000, 3),
+                "failure": run.failure,
+                "errors": run.errors,
+                "close_reason": run.close_reason,
+                **stats,
+            }
+        )
+    agg = aggregate(trial.sessions, all_rtt, all_intervals)
+    agg["failed_sessions"] = sum(1 for r in trial.runs if r.failure)
+    agg["error_events"] = sum(len(r.errors) for r in trial.runs)
+    agg["server_deadline_misses"] = trial.server["deadline_misses"]
+    agg["server_step_ms_mean"] = trial.server["step_ms_mean"]
+    agg["client_cpu_pct"] = trial.client_cpu_pct
+    trial.aggregate = agg
+    reasons: list[str] = []
+    if agg["failed_sessions"]:
+        kinds = sorted({(r.failure or "").split(":")[0] for r in trial.runs if r.failure})
+        reasons.append(f"{agg['failed_sessions']} session(s) failed ({', '.join(kinds)})")
+    if agg["coverage"] < opts.min_coverage:
+        reasons.append(f"coverage {agg['coverage']:.4f} < {opts.min_coverage}")
+    p99 = agg["round_trip_ms"]["p99"]
+    if p99 is None or p99 > opts.max_p99_ms:
+        reasons.append(f"round trip p99 {p99} ms > {opts.max_p99_ms:g} ms")
+    if agg["lost_frames"]:
+        reasons.append(f"{agg['lost_frames']} lost frame(s)")
+    trial.reasons = reasons
+    trial.held = not reasons
+
+
+# -- output ------------------------------------------------------------------------------------
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+_COLUMNS: Final = (
+    "sent",
+    "recv",
+    "cover",
+    "ttfa ms",
+    "rtt p50",
+    "rtt p99",
+    "rtt max",
+    "pkt p99",
+    "underrun",
+    "lost",
+)
+
+
+def _cells(s: dict[str, Any], ttfa: Any) -> list[str]:
+    return [
+        _num(s["frames_sent"]),
+        _num(s["frames_received"]),
+        _num(s["coverage"], 3),
+        _num(ttfa),
+        _num(s["round_trip_ms"]["p50"]),
+        _num(s["round_trip_ms"]["p99"]),
+        _num(s["round_trip_ms"]["max"]),
+        _num(s["packet_interval_ms"]["p99"]),
+        _num(s["underruns"]),
+        _num(s["lost_frames"]),
+    ]
+
+
+def trial_table(trial: Trial) -> str:
+    """One row per session (up to 32) and an ``all`` row."""
+    rows = []
+    if trial.n <= 32:
+        for s in trial.sessions:
+            rows.append([f"s{s['index']}", *_cells(s, s["time_to_first_audio_ms"]), _num(s["rtf"], 3)])
+    agg = trial.aggregate
+    rows.append(["all", *_cells(agg, agg["time_to_first_audio_ms"]["p50"]), _num(agg["rtf_min"], 3)])
+    table = _table(["session", *_COLUMNS, "rtf"], rows)
+    verdict = "held real time" if trial.held else "broke real time: " + "; ".join(trial.reasons)
+    return (
+        f"{table}\n"
+        f"N={trial.n}: {verdict}. server deadline misses {_num(agg['server_deadline_misses'], 0)}, "
+        f"server step mean {_num(agg['server_step_ms_mean'], 2)} ms, "
+        f"load generator CPU {_num(agg['client_cpu_pct'])}% of one core"
+    )
+
+
+def ramp_table(trials: Sequence[Trial]) -> str:
+    rows = []
+    for t in sorted(trials, key=lambda t: t.n):
+        a = t.aggregate
+        rows.append(
+            [
+                str(t.n) if t.attempt == 1 else f"{t.n} (#{t.attempt})",
+                *_cells(a, a["time_to_first_audio_ms"]["p50"]),
+                _num(a["server_deadline_misses"], 0),
+                _num(a["server_step_ms_mean"], 2),
+                _num(a["rtf_min"], 3),
+                _num(a["client_cpu_pct"]),
+                "yes" if t.held else "NO",
+            ]
+        )
+    return _table(["N", *_COLUMNS, "misses", "step ms", "rtf min", "cpu %", "held"], rows)
+
+
+def _plot(path: Path, trial: Trial, title: str) -> str | None:
+    from .plot import plot_trial
+
+    try:
+        plot_trial(path, [(r.send_times, r.deltas) for r in trial.runs], t0=trial.t0, title=title)
+    except Exception as exc:  # a missing/broken matplotlib must not lose the numbers
+        print(f"duplex-load: could not draw {path}: {exc}", file=sys.stderr)
+        return None
+    return str(path)
+
+
+# -- the command -------------------------------------------------------------------------------
+def load_audio(path: str | None, seconds: float) -> Float32Array:
+    """``seconds`` (rounded to whole 80 ms frames) of mono 24 kHz float32: the WAV looped and
+    trimmed, or synthetic speech."""
+    n = max(1, round(seconds / FRAME_S)) * FRAME_SAMPLES
+    if path is None:
+        return speech_like(n / 24_000)
+    samples, rate = read_wav(path)
+    x = to_model_input(samples, rate)
+    if x.size == 0:
+        raise WavError(f"{path}: no audio")
+    return np.tile(x, -(-n // x.size))[:n]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="duplex-load",
+        description="Load a duplex-actors server with N concurrent real-time sessions and measure it.",
+        epilog="exit codes: 0 completed (held or not), 2 bad arguments/input, 3 unauthorized, "
+        "4 no session opened, 5 connection failure",
+    )
+    parser.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime?duplex=1")
+    parser.add_argument("--sessions", "-n", type=int, default=1, help="concurrent sessions (default 1)")
+    parser.add_argument("--seconds", "-s", type=float, default=10.0, help="audio per session (default 10)")
+    parser.add_argument("--input", help="WAV to stream (looped/trimmed); default: synthetic speech")
+    parser.add_argument("--out", default="load-out", help="directory for load.json and the PNGs")
+    parser.add_argument("--ramp", action="store_true", help="find the largest N that holds real time")
+    parser.add_argument(
+        "--ramp-step", type=int, default=0, help="ramp by +K sessions instead of doubling (0: double)"
+    )
+    parser.add_argument("--max-n", type=int, default=None, help="ramp cap (default: the server's slots)")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="ramp: re-run a broken N this many times before calling it broken (default 1; every "
+        "attempt is reported)",
+    )
+    parser.add_argument("--sync-start", action="store_true", help="start every stream on the same instant")
+    parser.add_argument("--drain", type=float, default=2.0, help="seconds to wait for the last frames")
+    parser.add_argument("--jitter-buffer-ms", type=float, default=120.0)
+    parser.add_argument("--voice", default=None)
+    parser.add_argument("--persona", default=None)
+    parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
+    return parser
+
+
+async def _ramp(opts: Options, audio: EncodedAudio, args: argparse.Namespace) -> tuple[list[Trial], int]:
+    base = http_base(opts.url)
+    cap = args.max_n
+    if cap is None:
+        info = await ready(base, opts.api_key)
+        cap = int(info.get("slots_total") or 64)
+    trials: list[Trial] = []
+
+    async def trial(n: int) -> Trial:
+        for attempt in range(1, max(0, args.retries) + 2):
+            await wait_idle(base, opts.api_key)
+            t = await run_trial(opts, n, audio)
+            t.attempt = attempt
+            trials.append(t)
+            print(
+                f"duplex-load: N={n:<3} attempt {attempt}: "
+                f"{'held' if t.held else 'broke: ' + '; '.join(t.reasons)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if all(r.failure and r.failure.startswith("unauthorized") for r in t.runs):
+                raise Unauthorized(401, t.runs[0].failure or "unauthorized")
+            if t.held or t.aggregate["failed_sessions"]:  # a refusal is not noise: no retry
+                break
+        return t
+
+    good, bad, n = 0, None, 1
+    while True:
+        t = await trial(n)
+        if not t.held:
+            bad = n
+            break
+        good = n
+        if n >= cap:
+            break
+        n = min(cap, n + args.ramp_step if args.ramp_step > 0 else n * 2)
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        if (await trial(mid)).held:
+            good = mid
+        else:
+            bad = mid
+    return sorted(trials, key=lambda t: (t.n, t.attempt)), good
+
+
+async def _main(args: argparse.Namespace) -> int:
+    try:
+        samples = load_audio(args.input, args.seconds)
+    except (OSError, WavError) as exc:
+        print(f"duplex-load: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    audio = encode_audio(samples, "pcm16")
+    config = create_duplex_session_config(voice=args.voice, persona=args.persona, input_format="pcm16")
+    opts = Options(
+        url=args.url,
+        seconds=args.seconds,
+        api_key=args.api_key,
+        config=config,
+        sync_start=args.sync_start,
+        drain_s=args.drain,
+        jitter_buffer_s=args.jitter_buffer_ms / 1000,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "url": args.url,
+        "seconds": args.seconds,
+        "frames_per_session": audio.frames,
+        "input": args.input or "synthetic speech-like audio",
+        "sync_start": args.sync_start,
+        "jitter_buffer_ms": args.jitter_buffer_ms,
+        "criteria": {"min_coverage": opts.min_coverage, "max_p99_round_trip_ms": opts.max_p99_ms, "lost": 0},
+    }
+    if args.ramp:
+        trials, largest = await _ramp(opts, audio, args)
+        best = next((t for t in trials if t.n == largest and t.held), trials[-1])
+        png = _plot(out / "load.png", best, f"N={best.n} sessions ({'held' if best.held else 'broke'})")
+        ramp_png: str | None = str(out / "ramp.png")
+        try:
+            from .plot import plot_ramp
+
+            plot_ramp(out / "ramp.png", [t.to_json() for t in trials])
+        except Exception as exc:
+            print(f"duplex-load: could not draw ramp.png: {exc}", file=sys.stderr)
+            ramp_png = None
+        report = {
+            **meta,
+            "mode": "ramp",
+            "largest_n_held": largest,
+            "png": png,
+            "ramp_png": ramp_png,
+            "trials": [t.to_json() for t in trials],
+        }
+        (out / "load.json").write_text(json.dumps(report, indent=1))
+        print(ramp_table(trials))
+        print(f"largest N that held real time: {largest}")
+        return EXIT_OK
+    trial = await run_trial(opts, args.sessions, audio)
+    failures = [r.failure or "" for r in trial.runs]
+    if all(f.startswith("unauthorized") for f in failures):
+        print(f"duplex-load: {failures[0]}", file=sys.stderr)
+        return EXIT_AUTH
+    if all(f.startswith("connect_failed") for f in failures):
+        print(f"duplex-load: {failures[0]}", file=sys.stderr)
+        return EXIT_CONNECT
+    if all(failures):
+        print(f"duplex-load: no session could be opened: {sorted(set(failures))}", file=sys.stderr)
+        return EXIT_REFUSED
+    png = _plot(out / "load.png", trial, f"N={trial.n} sessions, {args.seconds:g} s each")
+    report = {**meta, "mode": "single", "png": png, **trial.to_json()}
+    (out / "load.json").write_text(json.dumps(report, indent=1))
+    print(trial_table(trial))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.sessions < 1 or args.seconds <= 0:
+        print("duplex-load: --sessions must be >= 1 and --seconds > 0", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return trio.run(_main, args)
+    except Unauthorized as exc:
+        print(f"duplex-load: unauthorized: {exc}", file=sys.stderr)
+        return EXIT_AUTH
+    except ConnectFailed as exc:
+        print(f"duplex-load: {exc}", file=sys.stderr)
+        return EXIT_CONNECT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The client's typed events parse what the server's own projections emit, in every dialect
+(Realtime GA, Realtime beta, native), and the client's messages parse as the server expects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from duplex_actors.client import (
+    AudioDelta,
+    Error,
+    OtherEvent,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionClosing,
+    SessionCreated,
+    SessionUpdated,
+    TranscriptDelta,
+    append_message,
+    create_duplex_session_config,
+    encode_audio,
+    parse_server_event,
+    to_wire_bytes,
+)
+from duplex_actors.protocol import codec
+from duplex_actors.protocol.events import Dialect, InputAudioBufferAppend
+from duplex_actors.protocol.native import NativeProjection
+from duplex_actors.protocol.realtime import RealtimeProjection, refusal_error
+from duplex_actors.session import events as ev
+
+SID = "sess_0123456789abcdef01234567"
+PCM = bytes(range(256)) * 15  # 3840 bytes: one frame
+
+
+def _session_events() -> list[Any]:
+    return [
+        ev.SessionCreated(SID, {"voice": "NATF2.pt"}),
+        ev.SessionUpdated(SID, {"voice": "NATF2.pt"}),
+        ev.ResponseStarted("resp_x_0", "item_x_0", 0),
+        ev.AudioFrame("resp_x_0", "item_x_0", 0, 7, PCM, "hi"),
+        ev.Error("bad_audio", "nope", client_event_id="c9", param="audio"),
+        ev.ResponseEnded("resp_x_0", "item_x_0", 0, "client_cancelled", "hi there", 1, False),
+        ev.SpeechStarted(0, 3, "item_in_x_0"),
+        ev.SessionClosed(SID, "client_close"),
+    ]
+
+
+def _project(dialect: str) -> list[dict[str, Any]]:
+    if dialect == "native":
+        native = NativeProjection(SID)
+        return [m for e in _session_events() for m in native.project(e) if isinstance(m, dict)]
+    realtime = RealtimeProjection(SID, "tiny", {"chunk_period_ms": 80}, beta=dialect == "beta")
+    return [m for e in _session_events() for m in realtime.project(e)]
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta", "native"])
+def test_parses_every_projection(dialect: str) -> None:
+    wire: Dialect = "native" if dialect == "native" else "realtime"
+    events = [parse_server_event(m, dialect=wire, seq=i + 1) for i, m in enumerate(_project(dialect))]
+    by_class: dict[type, list[Any]] = {}
+    for e in events:
+        by_class.setdefault(type(e), []).append(e)
+    created, updated = by_class[SessionCreated][0], by_class[SessionUpdated][0]
+    assert created.session_id == updated.session_id == SID
+    assert created.session["voice"] == "NATF2.pt"
+    assert by_class[ResponseCreated][0].response_id == "resp_x_0"
+    assert by_class[ResponseCreated][0].epoch == (0 if dialect == "native" else None)
+    (audio,) = by_class[AudioDelta]
+    assert (audio.response_id, audio.epoch, audio.frame_index, audio.pcm16, audio.frames) == (
+        "resp_x_0",
+        0,
+        7,
+        PCM,
+        1,
+    )
+    text = audio.text if dialect == "native" else by_class[TranscriptDelta][0].text
+    assert text == "hi"
+    (err,) = by_class[Error]
+    assert (err.code, err.message, err.event_id, err.param) == ("bad_audio", "nope", "c9", "audio")
+    done = by_class[ResponseDone][0]
+    assert (done.response_id, done.status, done.reason, done.transcript) == (
+        "resp_x_0",
+        "cancelled",
+        "client_cancelled",
+        "hi there",
+    )
+    assert by_class[SessionClosed][0].reason == "client_close"
+    assert all(isinstance(e, OtherEvent) for e in by_class.get(OtherEvent, []))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+def test_refusals_and_closing_parse() -> None:
+    rt = parse_server_event(refusal_error("resource_exhausted", "full"))
+    assert isinstance(rt, Error) and rt.code == "resource_exhausted" and rt.error_type == "rate_limit_error"
+    closing = RealtimeProjection(SID, "tiny", {}).closing_event("server_shutdown")
+    parsed = parse_server_event(closing)
+    assert isinstance(parsed, SessionClosing) and parsed.reason == "server_shutdown"
+
+
+def test_odd_shapes_never_raise() -> None:
+    for obj in (
+        {},
+        {"type": 5},
+        {"type": "error"},
+        {"type": "response.done", "response": []},
+        {"type": "x.y"},
+    ):
+        parse_server_event(obj)
+
+
+def test_client_messages_parse_on_the_server() -> None:
+    data = to_wire_bytes(np.linspace(-1, 1, 100, dtype=np.float32))
+    event = codec.parse_client_text(append_message(data), dialect="realtime")
+    assert isinstance(event, InputAudioBufferAppend)
+    assert codec.decode_audio_b64(event.audio) == data
+    enc = encode_audio(np.zeros(1920 * 2 + 5, np.float32), "pcm_f32le")
+    assert enc.frames == 3 and enc.total_samples == 1920 * 2 + 5
+    for message in enc.messages:
+        codec.parse_client_text(message, dialect="native")
+    config = create_duplex_session_config(voice="NATM1.pt", persona="Be brief.", input_format="audio/pcm")
+    assert codec.normalize_session_config(config) == {
+        "input_audio_format": "pcm16",
+        "sample_rate_hz": 24000,
+        "voice": "NATM1.pt",
+        "instructions": "Be brief.",
+    }
+
+
+def test_to_wire_bytes_formats() -> None:
+    ints = np.array([0, 16384, -32768], np.int16)
+    assert to_wire_bytes(ints, "pcm16") == ints.astype("<i2").tobytes()
+    assert np.frombuffer(to_wire_bytes(ints, "pcm_f32le"), "<f4").tolist() == [0.0, 0.5, -1.0]
+    assert np.frombuffer(to_wire_bytes(np.array([0.5], np.float64), "pcm16"), "<i2").tolist() == [16384]
+    assert to_wire_bytes(b"\x01\x02") == b"\x01\x02"
+    with pytest.raises(ValueError):
+        to_wire_bytes(np.zeros((2, 2), np.float32))

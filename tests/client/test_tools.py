@@ -1,0 +1,184 @@
+"""The console scripts end to end against a real server: ``duplex-client`` with a spoken WAV
+(espeak-ng + sox, see the ``speech_wav`` fixture) and ``duplex-load`` with two sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import trio
+
+from duplex_actors.client import open_duplex_client
+from duplex_actors.client.audio import FRAME_SAMPLES, read_wav, rms
+from tests.e2e.conftest import ServerProcess
+from tests.e2e.helpers import wait_idle
+
+from .conftest import API_KEY
+
+BIN = Path(sys.executable).parent
+CLIENT = str(BIN / "duplex-client")
+LOAD = str(BIN / "duplex-load")
+
+
+def _expected_frames(wav: Path, tail_ms: float = 240.0) -> int:
+    with wave.open(str(wav)) as w:
+        n, rate = int(w.getnframes()), int(w.getframerate())
+    at_24k = n * 24_000 // rate  # the resampler's output length for an integer ratio
+    return -(-(at_24k + round(tail_ms * 24)) // FRAME_SAMPLES)  # ceil
+
+
+def test_duplex_client_speech_wav(
+    server: ServerProcess, speech_wav: tuple[Path, bool], tmp_path: Path
+) -> None:
+    """A spoken sentence (or, where espeak-ng/sox cannot be installed, synthetic speech-like
+    audio) at 16 kHz stereo in; the parrot's reply out: one 80 ms frame per input frame, and
+    audible, since the parrot echoes the codes of what it hears."""
+    wav, _real_speech = speech_wav
+    out, text = tmp_path / "reply.wav", tmp_path / "reply.txt"
+    proc = subprocess.run(
+        [
+            CLIENT,
+            "--url",
+            f"{server.ws}/v1/realtime?duplex=1",
+            "--input",
+            str(wav),
+            "--output",
+            str(out),
+            "--transcript",
+            str(text),
+            "--voice",
+            "NATF2.pt",
+            "--persona",
+            "You repeat what you hear.",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "sent" in proc.stderr and "wrote" in proc.stderr  # progress and summary on stderr
+    reply, rate = read_wav(out)
+    assert rate == 24_000 and reply.shape[1] == 1
+    frames = _expected_frames(wav)
+    assert reply.shape[0] == frames * FRAME_SAMPLES, (reply.shape, frames)
+    assert rms(reply[:, 0]) > 1e-3, "the parrot's reply is silent"
+    assert text.exists()
+
+
+def test_duplex_client_fast_and_exit_codes(
+    server: ServerProcess,
+    locked_server: ServerProcess,
+    speech_wav: tuple[Path, bool],
+    tmp_path: Path,
+) -> None:
+    wav, _ = speech_wav
+    out = tmp_path / "fast.wav"
+    url = f"{server.ws}/v1/realtime?duplex=1"
+    fast = subprocess.run(
+        [CLIENT, "--url", url, "--input", str(wav), "--output", str(out), "--fast", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert fast.returncode == 0, fast.stderr
+    assert read_wav(out)[0].shape[0] == _expected_frames(wav) * FRAME_SAMPLES
+
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not a wav at all")
+    run = subprocess.run(
+        [CLIENT, "--url", url, "-i", str(bad), "-o", str(out)], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and "cannot read" in run.stderr
+
+    locked_url = f"{locked_server.ws}/v1/realtime?duplex=1"
+    run = subprocess.run(
+        [CLIENT, "--url", locked_url, "-i", str(wav), "-o", str(out), "--api-key", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 3 and "unauthorized" in run.stderr
+
+    async def while_full() -> subprocess.CompletedProcess[bytes]:
+        async with open_duplex_client(locked_url, api_key=API_KEY):  # takes the only slot
+            return await trio.run_process(
+                [CLIENT, "--url", locked_url, "-i", str(wav), "-o", str(out), "--api-key", API_KEY],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+
+    full = trio.run(while_full)
+    assert full.returncode == 4 and b"full" in full.stderr
+
+
+def test_duplex_load_two_sessions(server: ServerProcess, tmp_path: Path) -> None:
+    trio.run(wait_idle, server)
+    out = tmp_path / "load"
+    proc = subprocess.run(
+        [
+            LOAD,
+            "--url",
+            f"{server.ws}/v1/realtime?duplex=1",
+            "--sessions",
+            "2",
+            "--seconds",
+            "3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rtt p99" in proc.stdout and "all" in proc.stdout  # the summary table
+    report = json.loads((out / "load.json").read_text())
+    agg = report["aggregate"]
+    for key in (
+        "frames_sent",
+        "frames_received",
+        "coverage",
+        "time_to_first_audio_ms",
+        "round_trip_ms",
+        "packet_interval_ms",
+        "underruns",
+        "lost_frames",
+        "rtf_min",
+        "server_deadline_misses",
+        "client_cpu_pct",
+    ):
+        assert key in agg, key
+    assert {"p50", "p99", "max"} <= set(agg["round_trip_ms"])
+    assert report["n"] == 2 and len(report["sessions"]) == 2
+    assert agg["frames_sent"] == 2 * round(3 / 0.08)
+    assert agg["coverage"] == 1.0 and agg["lost_frames"] == 0 and agg["failed_sessions"] == 0
+    assert agg["server_deadline_misses"] is not None  # read from /metrics
+    for s in report["sessions"]:
+        assert s["coverage"] == 1.0 and s["lost_frames"] == 0 and s["session_id"].startswith("sess_")
+    png = out / "load.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_duplex_load_ramp_report(server: ServerProcess, tmp_path: Path) -> None:
+    """The ramp's report shape (whether N held depends on this machine's load, not asserted)."""
+    trio.run(wait_idle, server)
+    out = tmp_path / "ramp"
+    proc = subprocess.run(
+        [LOAD, "--url", f"{server.ws}/v1/realtime?duplex=1", "--ramp", "--seconds", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "load.json").read_text())
+    assert report["mode"] == "ramp" and 0 <= report["largest_n_held"] <= 2  # capped at the slots
+    ns = [t["n"] for t in report["trials"]]
+    assert ns[0] == 1 and ns == sorted(ns) and max(ns) <= 2
+    assert "largest N that held real time" in proc.stdout
+    assert (out / "ramp.png").exists()
+    assert np.isfinite(report["trials"][0]["aggregate"]["coverage"])
