@@ -94,11 +94,17 @@ class LMRunner:
 
     # -- stepping ----------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, user_tokens: torch.Tensor, exec_mask: torch.Tensor) -> torch.Tensor:
-        """One ``LMGen.step``: ``[B, 8, 1]`` user codes -> ``[B, 9, 1]`` (text + agent codes)."""
+    def step(
+        self, user_tokens: torch.Tensor, exec_mask: torch.Tensor, agent_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One ``LMGen.step``: ``[B, 8, 1]`` user codes -> ``[B, 9, 1]`` (text + agent codes).
+
+        ``agent_tokens`` (``[B, 8, 1]``) replaces the depformer for the whole batch: for prompt
+        positions whose agent codes are all forced anyway, it saves the 8 depformer passes.
+        """
         self.lm_gen.set_exec_mask(exec_mask)
         with self.sampler.active():
-            out = self.lm_gen.step(user_tokens)
+            out = self.lm_gen.step(user_tokens, depformer_replace_tokens=agent_tokens)
         assert out is not None  # support_out_of_sync=True always returns a frame
         self.sampler.advance(exec_mask)
         return out
@@ -124,6 +130,7 @@ class LMRunner:
         device = self.lm.device
         exec_mask = self._one_hot(slot)
         tokens = torch.zeros(self.batch_size, NUM_CODEBOOKS, 1, dtype=torch.long, device=device)
+        agent = torch.zeros(self.batch_size, NUM_CODEBOOKS, 1, dtype=torch.long, device=device)
         self.sampler.configure(slot, GREEDY)
         for call in plan.calls:
             tokens[slot, :, 0] = torch.tensor(call.user, device=device)
@@ -136,7 +143,13 @@ class LMRunner:
                 self.emb_override[slot, 0] = call.embedding.to(self.emb_override)
             else:
                 self.emb_mask[slot] = False
-            self.step(tokens, exec_mask)
+            if all(call.agent_mask):
+                # Every agent code is forced: the depformer's choice would be overwritten. (Other
+                # rows are exec-masked here, so replacing their depformer output changes nothing.)
+                agent[slot, :, 0] = torch.tensor(call.agent, device=device)
+                self.step(tokens, exec_mask, agent)
+            else:
+                self.step(tokens, exec_mask)
         self.clear_forcing(slot)
         self.sampler.configure(slot, sampling)
         self.sampler.frame[slot] = len(plan)

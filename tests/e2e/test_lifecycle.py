@@ -1,0 +1,195 @@
+"""The session lifecycle, as the reference PersonaPlex lifecycle driver runs it, on a real server.
+
+``max_sessions=2``: primary and secondary open (distinct server-allocated ids, identical
+capabilities); a third is refused with ``resource_exhausted``; the same speech streams into both,
+paced; the primary closes and a replacement with another persona is admitted with a fresh id;
+secondary and replacement stream: the survivor keeps its response id, the replacement gets a
+new one; a ``response.cancel`` mid-stream gives the cancelled terminal group and, on the next
+frames, a new response under epoch 1. No other ``error`` anywhere. Every session's log then
+replays identically with ``duplex-replay`` (logic and model level).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from duplex_actors.client import (
+    AudioDelta,
+    DuplexClient,
+    Error,
+    ResourceExhausted,
+    ResponseCreated,
+    ResponseDone,
+    create_duplex_session_config,
+    open_duplex_client,
+)
+from duplex_actors.client.audio import (
+    pad_to_frames,
+    pcm16_to_float,
+    read_wav,
+    rms,
+    speech_like,
+    to_model_input,
+)
+from duplex_actors.log import records as r
+from duplex_actors.log.segment import read_log
+
+from .conftest import start_server
+
+FRAME = 1920
+
+
+def _speech(tmp: Path) -> np.ndarray:
+    """About 2.5 s of espeak-ng speech at 24 kHz (installed with apt-get if missing); synthetic
+    speech-like audio where neither can be had."""
+    if not (shutil.which("espeak-ng") and shutil.which("sox")) and shutil.which("apt-get"):
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "espeak-ng", "sox"], capture_output=True, timeout=300
+        )
+    if shutil.which("espeak-ng"):
+        wav = tmp / "speech.wav"
+        subprocess.run(
+            ["espeak-ng", "-w", str(wav), "Hello, how are you today?"], check=True, capture_output=True
+        )
+        samples, rate = read_wav(wav)
+        audio = to_model_input(samples, rate)
+    else:
+        audio = speech_like(2.5, rate=24_000, seed=5)
+    return pad_to_frames(audio[: 24_000 * 3])
+
+
+class Watch:
+    """Everything one client saw; ``lags``: input minus output frames when each stream ended
+    (a prompt never seen before is prefilled first, so a new persona's first frames queue)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.client: DuplexClient | None = None
+        self.events: list = []
+        self.lags: list[int] = []
+        self.min_ahead = 0
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        c = self.client
+        if c is not None and isinstance(event, AudioDelta):
+            self.min_ahead = min(self.min_ahead, c.frames_sent - c.frames_received)
+
+    def of(self, cls):
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+async def _open(stack: AsyncExitStack, url: str, persona: str, watch: Watch) -> DuplexClient:
+    client = await stack.enter_async_context(
+        open_duplex_client(url, config=create_duplex_session_config(persona=persona), on_event=watch)
+    )
+    watch.client = client
+    return client
+
+
+async def _stream_all(pairs: list[tuple[DuplexClient, np.ndarray, Watch]]) -> None:
+    start = trio.current_time() + 0.05
+
+    async def one(client: DuplexClient, audio: np.ndarray, watch: Watch) -> None:
+        await client.stream(audio, start=start)
+        watch.lags.append(client.frames_sent - client.frames_received)
+
+    async with trio.open_nursery() as nursery:
+        for client, audio, watch in pairs:
+            nursery.start_soon(one, client, audio, watch)
+    with trio.fail_after(15):
+        for client, _, _ in pairs:
+            await client.wait_until(lambda c=client: c.frames_received >= c.frames_sent)
+
+
+def _check_stream(watch: Watch, *, tiny: bool) -> None:
+    deltas = watch.of(AudioDelta)
+    assert deltas, watch.name
+    for d in deltas:
+        assert len(d.pcm16) % (FRAME * 2) == 0  # whole 80 ms frames
+    # Never more output than input; at most 4 frames (320 ms) behind when the input ends.
+    assert watch.min_ahead >= 0 and all(0 <= lag <= 4 for lag in watch.lags), (watch.name, watch.lags)
+    if tiny:
+        audio = pcm16_to_float(b"".join(d.pcm16 for d in deltas))
+        assert rms(audio) > 1e-4, f"{watch.name}: silent output"
+
+
+def _assert_parrot(path: Path) -> None:
+    steps = [rec for _, rec in read_log(path).records if isinstance(rec, r.Step)]
+    by_epoch: dict[int, list[r.Step]] = {}
+    for s in steps:
+        by_epoch.setdefault(s.epoch, []).append(s)
+    for group in by_epoch.values():
+        for prev, cur in itertools.pairwise(group):
+            assert cur.agent_codes == prev.user_codes, f"{path.name} frame {cur.frame_index}"
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-parrot"])
+async def test_lifecycle(model, tmp_path, tiny_dir, parrot_dir):
+    server = await trio.to_thread.run_sync(lambda: start_server(tmp_path, "--max-sessions", "2", model=model))
+    url = f"{server.ws}/v1/realtime?duplex=1"
+    speech = _speech(tmp_path)
+    tiny = model == "tiny"
+    watches = {name: Watch(name) for name in ("primary", "secondary", "replacement")}
+    try:
+        async with AsyncExitStack() as outer:
+            secondary = await _open(outer, url, "You are the secondary.", watches["secondary"])
+            async with AsyncExitStack() as inner:
+                primary = await _open(inner, url, "You are the primary.", watches["primary"])
+                assert primary.session_id != secondary.session_id
+                assert primary.capabilities == secondary.capabilities
+                assert primary.capabilities["supports_multi_session"] is True
+                with pytest.raises(ResourceExhausted):
+                    async with open_duplex_client(url):
+                        pass
+                await _stream_all(
+                    [(primary, speech, watches["primary"]), (secondary, speech, watches["secondary"])]
+                )
+                for name in ("primary", "secondary"):
+                    _check_stream(watches[name], tiny=tiny)
+                    assert len({e.response_id for e in watches[name].of(ResponseCreated)}) == 1
+            # primary closed: a replacement with another persona is admitted with a fresh id
+            survivor_response = secondary.response_id
+            replacement = await _open(outer, url, "You are the replacement.", watches["replacement"])
+            assert replacement.session_id not in (primary.session_id, secondary.session_id)
+            half = len(speech) // 2 // FRAME * FRAME
+            await _stream_all(
+                [
+                    (secondary, speech, watches["secondary"]),
+                    (replacement, speech[:half], watches["replacement"]),
+                ]
+            )
+            assert secondary.response_id == survivor_response
+            first_response = replacement.response_id
+            assert first_response is not None and first_response != survivor_response
+            await replacement.cancel()
+            with trio.fail_after(10):
+                await replacement.wait_for(lambda e: isinstance(e, ResponseDone))
+            await _stream_all([(replacement, speech[half:], watches["replacement"])])
+            deltas = watches["replacement"].of(AudioDelta)
+            assert {d.epoch for d in deltas} == {0, 1}
+            assert replacement.response_id not in (None, first_response)
+            done = watches["replacement"].of(ResponseDone)
+            assert [(d.status, d.reason) for d in done] == [("cancelled", "client_cancelled")]
+        for watch in watches.values():
+            assert watch.of(Error) == [], (watch.name, watch.of(Error))
+    finally:
+        await trio.to_thread.run_sync(server.stop)
+    logs = sorted(server.log_dir.glob("*.dlog"))
+    assert len(logs) == 4  # the warm-up session and the three sessions (the refused one has none)
+    if not tiny:
+        for path in logs:
+            _assert_parrot(path)
+    exe = str(Path(sys.executable).with_name("duplex-replay"))
+    out = subprocess.run([exe, str(server.log_dir), "--model"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(logs)} logs, {len(logs)} reproduced, 0 not" in out.stdout
