@@ -109,8 +109,9 @@ class ModelFamily:
     ) -> SessionPrompt:
         """Validate a session's config and return what the engine resets a slot with.
 
-        Greedy unless the client gives a temperature; a temperature without the other knobs
-        takes the family's defaults for them.
+        Greedy unless the client gives a temperature. A stream whose temperature is not given
+        stays greedy (``temperature`` is audio, ``temperature_text`` text); ``top_k`` and
+        ``top_k_text`` default to the family's (250 and 25).
         """
         if extra:
             self.check_runtime_keys(extra)

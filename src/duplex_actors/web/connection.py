@@ -165,6 +165,7 @@ class Connection:
 
     async def _writer(self, projection: Any) -> None:
         assert self.session is not None
+        closed_seen = False
         async for event in self.session.events():
             if self.draining and not self._closing_sent:
                 self._closing_sent = True
@@ -172,10 +173,17 @@ class Connection:
             for message in projection.project(event):
                 await self._send_obj(message)
             if isinstance(event, ev.SessionClosed):
+                closed_seen = True
                 code = CLOSE_CODES.get(event.reason)
                 if code is not None:
                     await self._close(code, event.reason)
                 break
+        if not closed_seen:
+            # The session ended without its events reaching us (the outbox overflowed: a slow
+            # consumer): the socket still gets the close code of why it ended.
+            actor = getattr(self.session, "_actor", None)
+            reason = getattr(actor, "close_reason", None) or "error"
+            await self._close(CLOSE_CODES.get(reason, 1011), reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
