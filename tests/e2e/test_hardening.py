@@ -130,3 +130,26 @@ def test_hypercorn_trio_worker_serves_with_env_settings(tmp_path, parrot_dir):
         proc.terminate()
         proc.communicate(timeout=30)
     assert list((tmp_path / "logs").glob("*.dlog"))
+
+
+async def test_an_oversize_message_closes_1009_and_frees_the_slot_at_once(fresh_server):
+    """hypercorn sends the 1009 close but never tells the app; without the fix the session held
+    its slot until the idle timeout (300 s by default)."""
+    from trio_websocket import ConnectionClosed
+
+    server = fresh_server("--max-sessions", "1", "--max-message-bytes", "100000")
+    for _ in range(3):
+        code = None
+        try:
+            async with open_websocket_url(f"{server.ws}/v1/realtime") as ws:
+                await ws.get_message()
+                await ws.send_message("x" * 200_000)
+                with trio.fail_after(10):
+                    while True:
+                        await ws.get_message()
+        except ConnectionClosed as closed:
+            code = closed.reason.code
+        assert code == 1009
+        with trio.fail_after(5):
+            while (await trio.to_thread.run_sync(server.json, "/ready"))[1].get("slots_free") != 1:
+                await trio.sleep(0.05)

@@ -20,6 +20,7 @@ from typing import Any
 
 from hypercorn.config import Config, Sockets
 from hypercorn.protocol import ws_stream
+from hypercorn.protocol.events import StreamClosed
 from hypercorn.trio import tcp_server
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,23 @@ def _handshake_without_extensions(self: Any, headers: Any, http_version: str) ->
 def refuse_permessage_deflate() -> None:
     """Make hypercorn ignore ``Sec-WebSocket-Extensions`` offers (idempotent, process-wide)."""
     ws_stream.Handshake.__init__ = _handshake_without_extensions  # type: ignore[method-assign]
+
+
+_original_handle_events = ws_stream.WSStream._handle_events
+
+
+async def _handle_events_ending_oversize(self: Any) -> None:
+    await _original_handle_events(self)
+    if self.buffer.length > self.buffer.max_length:
+        # hypercorn sent the 1009 close but never tells the app: without this the handler (and
+        # its session's slot) waits for the idle timeout. End the stream like a normal close.
+        self.buffer.clear()
+        await self.send(StreamClosed(stream_id=self.stream_id))
+
+
+def end_oversize_streams() -> None:
+    """After a 1009 (message too big) close, disconnect the app as a normal close does."""
+    ws_stream.WSStream._handle_events = _handle_events_ending_oversize  # type: ignore[method-assign]
 
 
 _original_tcp_run = tcp_server.TCPServer.run
