@@ -28,7 +28,7 @@ from .model.engine import FRAME_SAMPLES
 from .web import auth
 from .web.connection import CONFIG_TIMEOUT_S, Connection, Transport, capabilities
 from .web.dialects import NativeDialect, RealtimeDialect
-from .web.hardening import GuardedApp, guard_connections, refuse_permessage_deflate
+from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
 from .web.page import install_page_routes
 
 log = logging.getLogger("duplex_actors")
@@ -124,6 +124,7 @@ def _headers() -> dict[str, str]:
 def create_app(config: ServerConfig | None = None) -> QuartTrio:
     config = config or ServerConfig.from_env()
     refuse_permessage_deflate()
+    end_oversize_streams()
     app = QuartTrio("duplex_actors")
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     holder = ModelHolder(config)
