@@ -8,13 +8,20 @@ Routes: ``WS /v1/realtime`` (OpenAI Realtime projection; ``?duplex=1`` accepted,
 checked, ``?autostart=0`` waits for the first message), ``WS /v1/duplex`` (native dialect),
 ``GET /health``, ``GET /ready``, ``GET /v1/models``, ``GET /metrics`` and
 ``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat completions).
+
+Scale-out (docs/scaling.md): ``agent_port`` answers HAProxy's agent checks; ``admission_refusal
+= "http"`` reserves a slot at the handshake and refuses a full server's upgrade with HTTP 503 +
+``Retry-After`` (a proxy can redispatch it), where the default refuses in-band (``error`` + 1013);
+``log_upload`` ships every finished session log to S3. :meth:`ModelHolder.pause` (SIGUSR1 with
+``duplex-actors serve``) stops admitting while the live sessions go on; :meth:`ModelHolder.resume`
+(SIGUSR2) undoes it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import trio
@@ -25,6 +32,9 @@ from .config import ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
 from .model.engine import FRAME_SAMPLES
+from .scaleout.agent import agent_status, serve_agent
+from .scheduler.actor import SchedulerFailed
+from .server import LogUnavailable, ResourceExhausted
 from .web import auth
 from .web.connection import CONFIG_TIMEOUT_S, Connection, Transport, capabilities
 from .web.dialects import NativeDialect, RealtimeDialect
@@ -45,6 +55,8 @@ class ModelHolder:
         self.loaded_at: float | None = None
         self.warmup_ms: float | None = None
         self.draining = False
+        self.paused = False  # SIGUSR1: no new sessions, the live ones go on
+        self.uploader: Any = None
         self.connections: set[Connection] = set()
         self.idle = trio.Event()
         self.counters = Counters()
@@ -80,15 +92,20 @@ class ModelHolder:
 
         cfg = self.config
         engine = await trio.to_thread.run_sync(self.load)
-        async with open_duplex_server(
-            engine,
-            log_dir=cfg.log_dir,
-            log_max_age_s=cfg.log_max_age_s,
-            log_max_bytes=cfg.log_max_bytes,
-            limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
-            outbox_size=cfg.outbox_events,
-        ) as server:
+        async with (
+            open_duplex_server(
+                engine,
+                log_dir=cfg.log_dir,
+                log_max_age_s=cfg.log_max_age_s,
+                log_max_bytes=cfg.log_max_bytes,
+                limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
+                outbox_size=cfg.outbox_events,
+            ) as server,
+            trio.open_nursery() as nursery,
+        ):
             server.counters = self.counters
+            if cfg.log_upload:
+                await nursery.start(self._upload_logs, server)
             started = time.perf_counter()
             warmup = await server.open_session({}, dialect="warmup")
             for _ in range(3):
@@ -101,20 +118,86 @@ class ModelHolder:
             await warmup.close()
             self.warmup_ms = (time.perf_counter() - started) * 1000
             self.engine, self.server = engine, server
+            self._apply_admission()
             self.loaded_at = time.time()
             await trio.sleep_forever()
 
+    async def _upload_logs(self, server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        from .scaleout.s3 import parse_s3_url
+        from .scaleout.upload import LogUploader
+
+        cfg = self.config
+        assert cfg.log_upload is not None
+        uploader = LogUploader(
+            parse_s3_url(cfg.log_upload),
+            cfg.log_dir,
+            endpoint_url=cfg.s3_endpoint_url,
+            is_open=lambda session_id: session_id in server.sessions or session_id in server.opening,
+        )
+        server.on_log_finished.append(uploader.submit)
+        found = uploader.scan()  # logs an earlier run left (start-up recovery is done)
+        if found:
+            log.info("uploading %d session logs left by an earlier run to %s", found, cfg.log_upload)
+        self.uploader = uploader
+        await uploader.run(task_status=task_status)
+
+    def _apply_admission(self) -> None:
+        server = self.server
+        if server is None:
+            return
+        if self.draining:
+            server.accepting = False
+            server.not_accepting_reason = "the server is shutting down"
+        elif self.paused:
+            server.accepting = False
+            server.not_accepting_reason = "the server is draining: it takes no new sessions"
+        else:
+            server.accepting = True
+
+    def pause(self) -> None:
+        """Stop admitting new sessions (``/ready`` 503, agent ``drain``); live sessions go on."""
+        self.paused = True
+        self._apply_admission()
+
+    def resume(self) -> bool:
+        """Undo :meth:`pause` (not a shutdown drain); False if draining."""
+        if self.draining:
+            return False
+        self.paused = False
+        self._apply_admission()
+        return True
+
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Stop admitting (``/ready`` 503), close every session with ``session.closing`` and 1012,
-        wait for their logs (at most ``timeout_s``)."""
+        wait for their logs, and for their uploads with ``--log-upload`` (at most ``timeout_s``)."""
         self.draining = True
-        if self.server is not None:
-            self.server.accepting = False
+        self._apply_admission()
         for conn in list(self.connections):
             conn.drain()
         with trio.move_on_after(timeout_s):
             while self.connections or (self.server is not None and self.server.sessions):
                 await trio.sleep(0.01)
+            if self.uploader is not None:
+                await self.uploader.wait_idle()
+
+
+RETRY_AFTER_S = 1
+
+
+class _ReservedServer:
+    """The server as one connection sees it: its ``open_session`` takes the slot reserved at the
+    handshake (``admission_refusal="http"``)."""
+
+    def __init__(self, server: Any, reservation: Any) -> None:
+        self._server = server
+        self._reservation = reservation
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    async def open_session(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("reservation", self._reservation)
+        return await self._server.open_session(*args, **kwargs)
 
 
 def _headers() -> dict[str, str]:
@@ -142,6 +225,11 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
                 holder.engine = holder.server = None
 
         app.nursery.start_soon(run)
+        if config.agent_port is not None:
+            await app.nursery.start(
+                serve_agent, lambda: agent_status(holder), config.agent_port, config.agent_host
+            )
+            log.info("HAProxy agent-check responder on %s:%d", config.agent_host, config.agent_port)
 
     @app.get("/health")
     async def health() -> Any:
@@ -155,8 +243,9 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
     @app.get("/ready")
     async def ready() -> Any:
         engine, server = holder.engine, holder.server
-        if engine is None or server is None or holder.draining or not server.writer.healthy:
-            body: dict[str, Any] = {"ready": False, "model": config.model, "draining": holder.draining}
+        draining = holder.draining or holder.paused
+        if engine is None or server is None or draining or not server.writer.healthy:
+            body: dict[str, Any] = {"ready": False, "model": config.model, "draining": draining}
             if holder.error:
                 body["error"] = holder.error
             if server is not None and not server.writer.healthy:
@@ -194,6 +283,7 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             writer=server.writer if server is not None else None,
             sessions_active=len(server.sessions) if server is not None else 0,
             recovered_logs=len(server.recovered_logs) if server is not None else 0,
+            uploader=holder.uploader,
         )
         return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -230,11 +320,35 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             }
             return jsonify(body), refusal.status
         server = holder.server
+        http_refusal = config.admission_refusal == "http"
         if server is None or holder.draining:
-            holder.counters.refused["not_ready"] += 1
-            return jsonify(
-                {"error": {"type": "server_error", "code": "not_ready", "message": "the server is not ready"}}
-            ), 503
+            return _refuse_http("not_ready", "the server is not ready", retry=http_refusal)
+        reservation = None
+        if http_refusal:
+            # Reserve the slot before the upgrade: refused here, a proxy can try another server.
+            if holder.paused:
+                return _refuse_http("draining", "the server is draining: it takes no new sessions")
+            try:
+                reservation = server.reserve()
+            except (ResourceExhausted, LogUnavailable, SchedulerFailed) as exc:
+                return _refuse_http(getattr(exc, "code", "resource_exhausted"), str(exc))
+        try:
+            return await _accept_and_run(server, reservation, dialect_name, headers, subprotocols)
+        finally:
+            if reservation is not None:
+                reservation.release()  # no-op once the session took it
+
+    def _refuse_http(code: str, message: str, *, retry: bool = True) -> Any:
+        holder.counters.refused[code] += 1
+        kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
+        body = jsonify({"error": {"type": kind, "code": code, "message": message}})
+        if retry:
+            return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
+        return body, 503
+
+    async def _accept_and_run(
+        server: Any, reservation: Any, dialect_name: str, headers: dict[str, str], subprotocols: list[str]
+    ) -> Any:
         if dialect_name == "realtime":
             beta = "realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols
             dialect: Any = RealtimeDialect(
@@ -252,7 +366,7 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
         )
         conn = Connection(
-            server,
+            server if reservation is None else cast(Any, _ReservedServer(server, reservation)),
             transport,
             dialect=dialect,
             idle_timeout_s=config.idle_timeout_s,

@@ -11,6 +11,14 @@ from pathlib import Path
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.log_upload:
+        from .scaleout.s3 import BadS3Url, parse_s3_url
+
+        try:
+            parse_s3_url(args.log_upload)
+        except BadS3Url as exc:
+            print(f"duplex-actors: --log-upload: {exc}", file=sys.stderr)
+            return 2
     import trio
     from hypercorn.trio import serve
 
@@ -34,6 +42,11 @@ def _serve(args: argparse.Namespace) -> int:
         input_buffer_bytes=args.input_buffer_bytes,
         outbox_events=args.outbox_events,
         max_message_bytes=args.max_message_bytes,
+        agent_port=args.agent_port,
+        agent_host=args.agent_host or args.host,
+        admission_refusal=args.admission_refusal,
+        log_upload=args.log_upload,
+        s3_endpoint_url=args.s3_endpoint_url,
     )
     hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]
@@ -48,10 +61,23 @@ def _serve(args: argparse.Namespace) -> int:
 
         async def on_signals() -> None:
             # The receiver stays open while draining, so a second SIGTERM cannot kill us midway.
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            # SIGUSR1: stop taking new sessions, keep the live ones (HAProxy's agent sees "drain");
+            # SIGUSR2: take new sessions again.
+            with trio.open_signal_receiver(
+                signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2
+            ) as signals:
                 draining = False
                 async for signum in signals:
                     name = signal.Signals(signum).name
+                    if signum == signal.SIGUSR1:
+                        holder.pause()
+                        print(f"duplex-actors: {name}: taking no new sessions", flush=True)
+                        continue
+                    if signum == signal.SIGUSR2:
+                        resumed = holder.resume()
+                        state = "taking new sessions again" if resumed else "draining, not resumed"
+                        print(f"duplex-actors: {name}: {state}", flush=True)
+                        continue
                     if draining:
                         print(f"duplex-actors: {name}: already draining", flush=True)
                         continue
@@ -144,6 +170,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    scale = serve.add_argument_group("scale-out (docs/scaling.md)")
+    scale.add_argument(
+        "--agent-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="answer HAProxy agent checks here: 'up ready maxconn:N', 'drain', 'down #reason'",
+    )
+    scale.add_argument("--agent-host", default=None, help="the agent's address (default: --host)")
+    scale.add_argument(
+        "--admission-refusal",
+        choices=["inband", "http"],
+        default="inband",
+        help="when every slot is taken: 'inband' (default) accepts the WebSocket, sends error "
+        "resource_exhausted and closes 1013; 'http' refuses the upgrade itself with HTTP 503 + "
+        "Retry-After, so a proxy can retry another server",
+    )
+    scale.add_argument(
+        "--log-upload",
+        default=None,
+        metavar="s3://BUCKET/PREFIX",
+        help="upload each finished session log to S3 (If-None-Match: *), delete it locally once stored",
+    )
+    scale.add_argument(
+        "--s3-endpoint-url",
+        default=None,
+        metavar="URL",
+        help="an S3-compatible endpoint (SeaweedFS, MinIO, ...); credentials from the AWS_* variables",
+    )
     serve.set_defaults(func=_serve)
 
     tiny = sub.add_parser("make-tiny-model", help="write a tiny checkpoint (deterministic)")

@@ -15,6 +15,9 @@ def _opt_int(value: str | None) -> int | None:
     return int(value) if value else None
 
 
+ADMISSION_REFUSALS = ("inband", "http")
+
+
 @attrs.frozen(slots=True)
 class ServerConfig:
     model: str = "tiny"
@@ -32,6 +35,16 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    # scale-out (docs/scaling.md)
+    agent_port: int | None = None  # HAProxy agent-check responder
+    agent_host: str = "127.0.0.1"
+    admission_refusal: str = "inband"  # or "http": HTTP 503 + Retry-After at the handshake
+    log_upload: str | None = None  # s3://bucket/prefix
+    s3_endpoint_url: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.admission_refusal not in ADMISSION_REFUSALS:
+            raise ValueError(f"admission_refusal must be one of {ADMISSION_REFUSALS}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ServerConfig:
@@ -54,4 +67,9 @@ class ServerConfig:
             input_buffer_bytes=int(env.get("DUPLEX_INPUT_BUFFER_BYTES", str(16 * 1024 * 1024))),
             outbox_events=int(env.get("DUPLEX_OUTBOX_EVENTS", "4096")),
             max_message_bytes=int(env.get("DUPLEX_MAX_MESSAGE_BYTES", str(16 * 1024 * 1024))),
+            agent_port=_opt_int(env.get("DUPLEX_AGENT_PORT")),
+            agent_host=env.get("DUPLEX_AGENT_HOST", "127.0.0.1"),
+            admission_refusal=env.get("DUPLEX_ADMISSION_REFUSAL", "inband"),
+            log_upload=env.get("DUPLEX_LOG_UPLOAD") or None,
+            s3_endpoint_url=env.get("DUPLEX_S3_ENDPOINT_URL") or None,
         )

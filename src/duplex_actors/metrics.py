@@ -70,6 +70,7 @@ def render(
     writer: Any | None,
     sessions_active: int,
     recovered_logs: int = 0,
+    uploader: Any | None = None,
 ) -> str:
     out = _Writer()
     if scheduler is not None:
@@ -189,4 +190,42 @@ def render(
             "Session logs that failed to write (admissions stop).",
             [("", {}, ws.failed_logs)],
         )
+    if uploader is not None:
+        _render_uploads(out, uploader.statistics())
     return out.text()
+
+
+def _render_uploads(out: _Writer, st: Any) -> None:
+    """``--log-upload``: the statistics of ``duplex_actors.scaleout.upload.LogUploader``."""
+    out.metric(
+        "duplex_log_uploads_total",
+        "counter",
+        "Session logs stored in the bucket and deleted locally, by result (uploaded: a new object; "
+        "already_present: If-None-Match found it there).",
+        [("", {"result": "uploaded"}, st.uploaded), ("", {"result": "already_present"}, st.already_present)],
+    )
+    out.metric(
+        "duplex_log_upload_bytes_total",
+        "counter",
+        "Bytes of session logs uploaded.",
+        [("", {}, st.bytes_uploaded)],
+    )
+    out.metric(
+        "duplex_log_upload_failures_total",
+        "counter",
+        "Failed upload attempts (each is retried with backoff).",
+        [("", {}, st.failures)],
+    )
+    out.metric(
+        "duplex_log_uploads_pending",
+        "gauge",
+        "Finished session logs waiting to be uploaded.",
+        [("", {}, st.pending)],
+    )
+    out.metric(
+        "duplex_log_uploads_abandoned_total",
+        "counter",
+        "Logs not uploaded, by reason (missing: deleted before; unreadable; conflict: another object "
+        "of that name exists, the local file is kept).",
+        [("", {"reason": k}, v) for k, v in st.abandoned],
+    )

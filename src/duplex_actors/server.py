@@ -44,7 +44,14 @@ from .session.actor import SessionActor
 from .session.audio import encode_f32
 from .session.core import PromptPolicy, SessionCore, SessionLimits
 
-__all__ = ["DuplexServer", "LogUnavailable", "ResourceExhausted", "SessionHandle", "open_duplex_server"]
+__all__ = [
+    "DuplexServer",
+    "LogUnavailable",
+    "ResourceExhausted",
+    "SessionHandle",
+    "SlotReservation",
+    "open_duplex_server",
+]
 
 
 class LogUnavailable(Exception):
@@ -145,6 +152,40 @@ class SessionHandle:
         await self._actor.done.wait()
 
 
+class SlotReservation:
+    """A slot held for a session that is not open yet (made by :meth:`DuplexServer.reserve`,
+    e.g. while a WebSocket handshake is answered), so that two concurrent opens cannot both pass
+    the capacity check. ``open_session(reservation=...)`` takes it; :meth:`release` (idempotent,
+    also on ``with`` exit) frees a slot nobody took."""
+
+    def __init__(self, scheduler: Scheduler, slot: int) -> None:
+        self.slot = slot
+        self._scheduler = scheduler
+        self.state = "held"  # held -> taken | released
+
+    @property
+    def held(self) -> bool:
+        return self.state == "held"
+
+    def take(self) -> int:
+        if self.state != "held":
+            raise RuntimeError(f"the reservation of slot {self.slot} is {self.state}")
+        self.state = "taken"
+        return self.slot
+
+    def release(self) -> None:
+        if self.state != "held":
+            return
+        self.state = "released"
+        self._scheduler.table.free_slot(self._scheduler.table.slots[self.slot])
+
+    def __enter__(self) -> SlotReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class DuplexServer:
     def __init__(
         self,
@@ -170,10 +211,26 @@ class DuplexServer:
         self._session_ids = session_ids
         self.sessions: dict[str, SessionActor] = {}
         self.accepting = True
+        self.not_accepting_reason = "the server is shutting down"
         self.logs_pruned = 0
         self.recovered_logs: list[tuple[str, str]] = []  # (file, what was done) at start-up
         self.counters = Counters()
         self.opening: set[str] = set()  # ids between log creation and registration
+        # Called with (session_id, log path) once a session's log is closed (finished or failed).
+        self.on_log_finished: list[Callable[[str, Path], None]] = []
+
+    def _check_admitting(self) -> None:
+        if not self.accepting:
+            raise ResourceExhausted(self.not_accepting_reason)
+        if not self.writer.healthy:
+            raise LogUnavailable("a session log could not be written; not admitting sessions")
+
+    def reserve(self) -> SlotReservation:
+        """Hold a free slot for a session about to open (``ResourceExhausted`` if none, or while
+        not accepting; ``LogUnavailable``; ``SchedulerFailed``). Pass it to :meth:`open_session`,
+        or release it."""
+        self._check_admitting()
+        return SlotReservation(self.scheduler, self.scheduler.admit(_Pending()))
 
     async def open_session(
         self,
@@ -182,19 +239,26 @@ class DuplexServer:
         dialect: str = "inprocess",
         output: Mapping[str, Any] | None = None,
         client_event_id: str | None = None,
+        reservation: SlotReservation | None = None,
     ) -> SessionHandle:
-        """Admit a session (a free slot, else ``ResourceExhausted``: no log is written) and open it."""
-        if not self.accepting:
-            raise ResourceExhausted("the server is shutting down")
-        if not self.writer.healthy:
-            raise LogUnavailable("a session log could not be written; not admitting sessions")
-        json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
-        session_id = self._session_ids()
-        self.opening.add(session_id)
+        """Admit a session (a free slot, else ``ResourceExhausted``: no log is written) and open it.
+
+        With ``reservation`` (from :meth:`reserve`) the session takes that slot; a reservation
+        that does not become a session (refused while not accepting, a bad config) is released."""
         try:
-            return await self._open(session_id, dict(config or {}), dialect, output, client_event_id)
+            self._check_admitting()
+            json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
+            session_id = self._session_ids()
+            self.opening.add(session_id)
+            try:
+                return await self._open(
+                    session_id, dict(config or {}), dialect, output, client_event_id, reservation
+                )
+            finally:
+                self.opening.discard(session_id)
         finally:
-            self.opening.discard(session_id)
+            if reservation is not None:
+                reservation.release()  # no-op once taken
 
     async def _open(
         self,
@@ -203,11 +267,14 @@ class DuplexServer:
         dialect: str,
         output: Mapping[str, Any] | None,
         client_event_id: str | None,
+        reservation: SlotReservation | None = None,
     ) -> SessionHandle:
         core = SessionCore(session_id, self.policy, self.limits)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
-        placeholder = _Pending()
-        slot = self.scheduler.admit(placeholder)
+        if reservation is not None:
+            slot = reservation.take()
+        else:
+            slot = self.scheduler.admit(_Pending())
         try:
             session_log = self.writer.create(session_id)
         except Exception:
@@ -254,6 +321,12 @@ class DuplexServer:
             await actor.run()
         finally:
             self.sessions.pop(actor.session_id, None)
+            path = getattr(actor.log, "path", None)
+            for listener in self.on_log_finished if path is not None else ():
+                try:
+                    listener(actor.session_id, Path(str(path)))
+                except Exception:
+                    logging.getLogger(__name__).exception("a log-finished listener failed")
 
     async def aclose(self, reason: str = "server_shutdown") -> None:
         """Stop admitting, close every session with ``reason``, wait for their logs."""
@@ -270,7 +343,8 @@ class DuplexServer:
 
 
 class _Pending:
-    """Holds a slot between admission and the actor's creation; receives nothing."""
+    """Holds a slot between admission (or a reservation) and the actor's creation; receives
+    nothing (it submits no frames)."""
 
     def deliver_nowait(self, result: Any) -> None:
         raise AssertionError("a step result for a session that is not open yet")

@@ -1,5 +1,9 @@
 """``duplex-replay PATH``: replay session logs and say whether they reproduce.
 
+PATH is a session log, a directory of them, or ``s3://bucket/key.dlog`` / ``s3://bucket/prefix``
+(every ``.dlog`` object under the prefix, downloaded to memory; credentials from the AWS_*
+variables, an S3-compatible store with ``--s3-endpoint-url``).
+
 Exit status: 0 every log identical (or consistent, for a log without its end record),
 1 a divergence, 2 an unreadable or corrupt log (with its byte offset) or a refused model.
 """
@@ -102,9 +106,33 @@ class EngineCache:
         return engine
 
 
-def replay_one(path: Path, args: argparse.Namespace, engines: EngineCache | None) -> ReplayReport:
+class S3Log:
+    """A log in a bucket: fetched when replayed."""
+
+    def __init__(self, client: Any, bucket: str, key: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.key = key
+        self.name = key.rsplit("/", 1)[-1]
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def fetch(self) -> bytes:
+        from ..scaleout.s3 import get_bytes
+
+        try:
+            return get_bytes(self.client, self.bucket, self.key)
+        except Exception as exc:  # botocore's errors are not OSErrors
+            raise UnreadableLog(f"{self}: {exc}") from exc
+
+
+def replay_one(path: Path | S3Log, args: argparse.Namespace, engines: EngineCache | None) -> ReplayReport:
     progress = Progress(f"{path.name}: logic", enabled=args.progress)
-    report = replay_logic(path, progress=progress)
+    if isinstance(path, S3Log):
+        report = replay_logic(str(path), progress=progress, data=path.fetch())
+    else:
+        report = replay_logic(path, progress=progress)
     progress.done()
     if engines is not None:
         engine = engines.for_header(header_of(report))
@@ -120,9 +148,24 @@ def _collect(path: Path) -> list[Path]:
     return [path]
 
 
+def _collect_s3(url: str, endpoint_url: str | None) -> list[S3Log]:
+    from ..scaleout.s3 import list_log_keys, make_client, parse_s3_url
+
+    location = parse_s3_url(url, keep_trailing_slash=True)
+    client = make_client(endpoint_url)
+    try:
+        keys = list_log_keys(client, location)
+    except Exception as exc:
+        raise UnreadableLog(f"{url}: {exc}") from exc
+    return [S3Log(client, location.bucket, key) for key in keys]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="duplex-replay", description=__doc__)
-    parser.add_argument("path", type=Path, help="a session log (.dlog) or a directory of them")
+    parser.add_argument(
+        "path", help="a session log (.dlog), a directory of them, or s3://bucket/key-or-prefix"
+    )
+    parser.add_argument("--s3-endpoint-url", default=None, help="an S3-compatible endpoint for s3:// paths")
     parser.add_argument(
         "--model",
         nargs="?",
@@ -144,7 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    files = _collect(args.path)
+    files: list[Path] | list[S3Log]
+    if args.path.startswith("s3://"):
+        try:
+            files = _collect_s3(args.path, args.s3_endpoint_url)
+        except (UnreadableLog, ValueError) as exc:
+            print(f"duplex-replay: {exc}", file=sys.stderr)
+            return 2
+    else:
+        files = _collect(Path(args.path))
     if not files:
         print(f"duplex-replay: no {LOG_SUFFIX} files in {args.path}", file=sys.stderr)
         return 2

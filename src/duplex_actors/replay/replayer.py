@@ -47,7 +47,7 @@ class Divergence:
 
 @attrs.define(slots=True)
 class ReplayReport:
-    path: Path
+    path: Path | str  # a file, or an s3:// URL
     level: str = "logic"
     session_id: str = ""
     records: int = 0
@@ -84,11 +84,13 @@ class ReplayReport:
         return status + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def read_log_file(path: Path) -> ReadResult:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UnreadableLog(f"{path}: {exc}") from exc
+def read_log_file(path: Path | str, data: bytes | None = None) -> ReadResult:
+    """Read ``path``, or parse ``data`` (a log fetched elsewhere, e.g. from S3) named ``path``."""
+    if data is None:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise UnreadableLog(f"{path}: {exc}") from exc
     try:
         return read_records(data)
     except LogCorruption as exc:
@@ -107,9 +109,14 @@ def _core_for(header: r.Header) -> SessionCore:
 
 
 def replay_logic(
-    path: Path, *, progress: Callable[[int, int], None] | None = None, keep_events: bool = True
+    path: Path | str,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    keep_events: bool = True,
+    data: bytes | None = None,
 ) -> ReplayReport:
-    result = read_log_file(path)
+    """Replay the log at ``path``; with ``data``, the log's bytes (``path`` only names it)."""
+    result = read_log_file(path, data)
     report = ReplayReport(path=path, torn_tail=result.torn_tail, records_list=result.records)
     records = result.records
     if not records or not isinstance(records[0][1], r.Header):
