@@ -44,6 +44,10 @@ from .web.page import install_page_routes
 log = logging.getLogger("duplex_actors")
 
 
+# After every session has closed, how long connections get to flush their last frames.
+CONNECTION_GRACE_S = 0.5
+
+
 class ModelHolder:
     """The engine and the in-process server once started, the open connections, drain state."""
 
@@ -175,8 +179,13 @@ class ModelHolder:
         for conn in list(self.connections):
             conn.drain()
         with trio.move_on_after(timeout_s):
-            while self.connections or (self.server is not None and self.server.sessions):
+            # Sessions (and their logs) first: a connection whose client stopped reading can
+            # stay blocked in a send for as long as TCP allows, so it only gets a short grace.
+            while self.server is not None and self.server.sessions:
                 await trio.sleep(0.01)
+            with trio.move_on_after(CONNECTION_GRACE_S):
+                while self.connections:
+                    await trio.sleep(0.01)
             if self.uploader is not None:
                 await self.uploader.wait_idle()
 

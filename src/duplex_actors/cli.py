@@ -52,7 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
     hyper.bind = [f"{args.host}:{args.port}"]
     hyper.accesslog = None
     hyper.websocket_max_message_size = args.max_message_bytes
-    hyper.graceful_timeout = args.drain_timeout + 5
+    # Our drain has already closed every session and finished its log; hypercorn's own grace
+    # only has to let handlers return (a send blocked on a stuck client never would).
+    hyper.graceful_timeout = 1.0
 
     async def main() -> None:
         app = create_asgi_app(config)
@@ -88,6 +90,13 @@ def _serve(args: argparse.Namespace) -> int:
         async def drain() -> None:
             await holder.drain(args.drain_timeout)
             stop.set()
+            # Every session is closed and its log finished. A socket whose client stopped
+            # reading can keep hypercorn's shielded send (and so the exit) waiting until TCP
+            # gives up (TCP_USER_TIMEOUT, 15 s): do not let it hold the process past the grace.
+            await trio.sleep(hyper.graceful_timeout + 1.0)
+            print("duplex-actors: drained; a stuck connection remains, exiting anyway", flush=True)
+            sys.stdout.flush()
+            os._exit(0)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signals)

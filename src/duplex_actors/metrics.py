@@ -185,6 +185,12 @@ def render(
             [("", {}, ws.records_written)],
         )
         out.metric(
+            "duplex_log_recovered_total",
+            "counter",
+            "Logs with a torn tail (a crash) truncated at start-up.",
+            [("", {}, recovered_logs)],
+        )
+        out.metric(
             "duplex_log_failed",
             "gauge",
             "Session logs that failed to write (admissions stop).",
