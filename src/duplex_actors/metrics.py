@@ -171,12 +171,17 @@ def render(
     if writer is not None:
         ws = writer.statistics()
         samples = [("", {"quantile": q}, (ws.fsync_percentile(q * 100) or 0.0)) for q in (0.5, 0.9, 0.99)]
-        samples += [("_sum", {}, sum(ws.fsync_durations_s)), ("_count", {}, ws.fsyncs)]
+        # Quantiles, sum and count all over the same recent window (the writer keeps the last
+        # 4096 durations), so sum/count is a true mean; the all-time count is its own counter.
+        samples += [("_sum", {}, sum(ws.fsync_durations_s)), ("_count", {}, len(ws.fsync_durations_s))]
         out.metric(
             "duplex_log_fsync_seconds",
             "summary",
             "fdatasync duration of the session logs (recent window).",
             samples,
+        )
+        out.metric(
+            "duplex_log_fsyncs_total", "counter", "fdatasync calls on session logs.", [("", {}, ws.fsyncs)]
         )
         out.metric(
             "duplex_log_records_total",

@@ -86,6 +86,11 @@ class SessionHandle:
     def closed(self) -> bool:
         return self._actor.done.is_set()
 
+    @property
+    def close_reason(self) -> str | None:
+        """Why the session ended (``client_close``, ``timeout``, ``slow_consumer``, ...), once it has."""
+        return self._actor.close_reason
+
     async def _send(self, record: r.Record) -> None:
         try:
             await self._actor.send(record)

@@ -181,8 +181,7 @@ class Connection:
         if not closed_seen:
             # The session ended without its events reaching us (the outbox overflowed: a slow
             # consumer): the socket still gets the close code of why it ended.
-            actor = getattr(self.session, "_actor", None)
-            reason = getattr(actor, "close_reason", None) or "error"
+            reason = self.session.close_reason or "error"
             await self._close(CLOSE_CODES.get(reason, 1011), reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
