@@ -11,17 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from duplex_actors.model.checkpoint import (
-    LM_CONFIG_NAME,
-    LM_NAME,
-    MIMI_NAME,
-    TOKENIZER_NAME,
-    checkpoint_from_dir,
-    resolve_checkpoint,
-)
+from duplex_actors.model.checkpoint import checkpoint_from_dir
 from duplex_actors.model.engine import SessionPrompt
 from duplex_actors.model.errors import CheckpointError, InvalidVoice
+from duplex_actors.model.factory import resolve_checkpoint
 from duplex_actors.model.family import PersonaPlexFamily, detect_family
+from duplex_actors.model.layout import LM_CONFIG_NAME, LM_NAME, MIMI_NAME, TOKENIZER_NAME
 from duplex_actors.model.loading import load_checkpoint
 
 from .helpers import Session, engine, first_divergence, run_alone, session_audio

@@ -1,14 +1,7 @@
-"""Finding and loading checkpoints: a local directory, a Hugging Face repo, or the built-in tiny.
+"""Finding checkpoints: a local directory or a Hugging Face repo, in the layout of :mod:`.layout`.
 
-A checkpoint directory is laid out like ``nvidia/personaplex-7b-v1`` and
-``kyutai/moshiko-pytorch-bf16``:
-
-- ``model.safetensors``: the LM (8- or 16-step depformer; a 16-step one is cut to 8 at load),
-- ``tokenizer-e351c8d8-checkpoint125.safetensors``: Mimi,
-- ``tokenizer_spm_32k_3.model``: the SentencePiece text tokenizer,
-- ``voices/*.pt`` or ``voices.tgz``: PersonaPlex voice prompts (optional),
-- ``lm_config.json``: LM dimensions overriding the Moshi 7B config (optional),
-- ``mimi_config.json``: a Mimi config overriding the default one (optional; tiny models).
+The built-in tiny models are resolved one layer up, in :mod:`.factory` (they are built by
+:mod:`.tiny`, which needs torch and moshi; this module needs neither).
 """
 
 from __future__ import annotations
@@ -25,34 +18,19 @@ from typing import Any
 import attrs
 
 from .errors import CheckpointError
-
-LM_NAME = "model.safetensors"
-MIMI_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
-TOKENIZER_NAME = "tokenizer_spm_32k_3.model"
-LM_CONFIG_NAME = "lm_config.json"
-MIMI_CONFIG_NAME = "mimi_config.json"
-VOICES_DIR = "voices"
-VOICES_TGZ = "voices.tgz"
-HF_ALLOW_PATTERNS = [
+from .layout import (
+    HF_ALLOW_PATTERNS,
+    LM_CONFIG_NAME,
     LM_NAME,
+    MIMI_CONFIG_NAME,
     MIMI_NAME,
     TOKENIZER_NAME,
-    LM_CONFIG_NAME,
-    MIMI_CONFIG_NAME,
+    VOICES_DIR,
     VOICES_TGZ,
-    f"{VOICES_DIR}/*.pt",
-]
-BUILTIN_MODELS = ("tiny", "tiny-parrot")
+    cache_root,
+)
+
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def cache_root() -> Path:
-    """Where built-in models and extracted voices live (``DUPLEX_CACHE_DIR`` overrides)."""
-    env = os.environ.get("DUPLEX_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "duplex-actors"
 
 
 @attrs.frozen(slots=True)
@@ -167,7 +145,7 @@ def checkpoint_from_hf(repo_id: str, revision: str | None = None) -> CheckpointF
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        local = snapshot_download(repo_id, revision=revision, allow_patterns=HF_ALLOW_PATTERNS)
+        local = snapshot_download(repo_id, revision=revision, allow_patterns=list(HF_ALLOW_PATTERNS))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"{repo_id}: not in the local Hugging Face cache and the hub is unreachable or "
@@ -179,18 +157,12 @@ def checkpoint_from_hf(repo_id: str, revision: str | None = None) -> CheckpointF
     return checkpoint_from_dir(Path(local), model_id=name)
 
 
-def resolve_checkpoint(spec: str, revision: str | None = None) -> CheckpointFiles:
-    """``tiny`` / ``tiny-parrot`` (built on first use), a local directory, or an HF repo id."""
-    if spec in BUILTIN_MODELS:
-        from .tiny import ensure_builtin
-
-        return checkpoint_from_dir(ensure_builtin(spec), model_id=spec)
+def find_checkpoint(spec: str, revision: str | None = None) -> CheckpointFiles | None:
+    """An existing local directory, else a Hugging Face repo id (``owner/name``); None when
+    ``spec`` is neither."""
     path = Path(spec).expanduser()
     if path.exists():
         return checkpoint_from_dir(path)
     if _REPO_ID.match(spec):
         return checkpoint_from_hf(spec, revision)
-    raise CheckpointError(
-        f"{spec}: not a built-in model ({', '.join(BUILTIN_MODELS)}), an existing directory, "
-        "or a Hugging Face repo id (owner/name)"
-    )
+    return None

@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .checkpoint import (
+from .engine import FRAME_SAMPLES, SAMPLE_RATE, TEXT_PAD_ID
+from .layout import (
     LM_CONFIG_NAME,
     LM_NAME,
     MIMI_CONFIG_NAME,
@@ -35,7 +36,6 @@ from .checkpoint import (
     VOICES_DIR,
     cache_root,
 )
-from .engine import FRAME_SAMPLES, SAMPLE_RATE, TEXT_PAD_ID
 from .personaplex import SINE_TOKENS, VOICE_RING
 
 if TYPE_CHECKING:
