@@ -647,8 +647,9 @@ async def tick_run(
 async def first_audio_once(url: str, persona: str) -> dict[str, float]:
     import trio
 
-    from duplex_actors.client.audio import FRAME_S, speech_like
-    from duplex_actors.client.connection import create_duplex_session_config, encode_audio, open_duplex_client
+    from duplex_actors.audio import FRAME_S
+    from duplex_actors.client.audio import encode_audio, speech_like
+    from duplex_actors.client.connection import create_duplex_session_config, open_duplex_client
     from duplex_actors.client.events import AudioDelta
 
     audio = encode_audio(speech_like(10.0), "pcm16")

@@ -47,8 +47,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from duplex_actors.client.audio import FRAME_SAMPLES, speech_like
-from duplex_actors.client.connection import EncodedAudio, encode_audio, open_duplex_client
+from duplex_actors.client.audio import FRAME_SAMPLES, EncodedAudio, encode_audio, speech_like
+from duplex_actors.client.connection import open_duplex_client
 from duplex_actors.client.errors import DuplexError, ResourceExhausted
 from duplex_actors.client.events import AudioDelta, Error, ServerEvent
 

@@ -28,10 +28,10 @@ import trio
 from quart import Response, jsonify, websocket
 from quart_trio import QuartTrio
 
+from .audio import FRAME_SAMPLES
 from .config import ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
-from .model.engine import FRAME_SAMPLES
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
 from .server import LogUnavailable, ResourceExhausted

@@ -33,6 +33,7 @@ import numpy.typing as npt
 import trio
 
 from . import __version__
+from .audio import encode_f32
 from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
@@ -41,7 +42,6 @@ from .scheduler.actor import ResourceExhausted, Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
 from .session import events as ev
 from .session.actor import SessionActor
-from .session.audio import encode_f32
 from .session.core import PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [

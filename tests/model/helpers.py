@@ -9,8 +9,9 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.model.checkpoint import checkpoint_from_dir
-from duplex_actors.model.engine import FRAME_SAMPLES, SessionPrompt, StepOutput
+from duplex_actors.model.engine import SessionPrompt, StepOutput
 from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine, PrefillMode
 

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.log import records as r
 from duplex_actors.model.family import detect_family
 from duplex_actors.session import events as ev
-from duplex_actors.session.core import FRAME_SAMPLES, Emit, SessionCore
+from duplex_actors.session.core import Emit, SessionCore
 
 SID = "sess_00112233445566778899aabb"
 

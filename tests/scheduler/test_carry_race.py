@@ -8,7 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from duplex_actors.model.engine import FRAME_SAMPLES, StepOutput
+from duplex_actors.audio import FRAME_SAMPLES
+from duplex_actors.model.engine import StepOutput
 from duplex_actors.scheduler.actor import Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME
 

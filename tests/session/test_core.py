@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from duplex_actors.audio import FRAME_SAMPLES, encode_f32
 from duplex_actors.log import records as r
 from duplex_actors.model.family import DEFAULT_PERSONA, detect_family
 from duplex_actors.session import events as ev
-from duplex_actors.session.audio import encode_f32
 from duplex_actors.session.core import (
-    FRAME_SAMPLES,
     Emit,
     ReleaseSlot,
     ResetSlot,

@@ -10,15 +10,8 @@ torch or the model, so it installs and runs anywhere the protocol does.
 - :mod:`.cli` (``duplex-client``) and :mod:`.load` (``duplex-load``): the command-line tools.
 """
 
-from .connection import (
-    DuplexClient,
-    EncodedAudio,
-    append_message,
-    create_duplex_session_config,
-    encode_audio,
-    open_duplex_client,
-    to_wire_bytes,
-)
+from .audio import EncodedAudio, append_message, encode_audio, to_wire_bytes
+from .connection import DuplexClient, create_duplex_session_config, open_duplex_client
 from .errors import (
     ConfigRefused,
     ConnectFailed,

@@ -8,24 +8,32 @@
 - :func:`float_to_pcm16` / :func:`pcm16_to_float`, and :func:`speech_like`: deterministic
   synthetic speech-like audio (voiced harmonics with a moving pitch, syllable envelope, pauses and
   a little breath noise) for load tests and examples.
+- :func:`to_wire_bytes`, :func:`append_message` and :func:`encode_audio`: audio as the bytes of a
+  session input format and as ready ``input_audio_buffer.append`` messages (built with the
+  protocol's own encoder).
+
+The frame and rate constants and the PCM conversion are :mod:`duplex_actors.audio`'s.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import struct
 import wave
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
-SAMPLE_RATE: Final = 24_000
-FRAME_SAMPLES: Final = 1920  # one 80 ms frame at 24 kHz
-FRAME_S: Final = 0.08
+from ..audio import FRAME_SAMPLES, SAMPLE_RATE, canonical_format, float_to_pcm16
+from ..protocol.codec import dumps, encode_client_event
+from ..protocol.events import InputAudioBufferAppend
 
 Float32Array = npt.NDArray[np.float32]
+AudioInput = bytes | bytearray | memoryview | npt.NDArray[Any]
 
 _PCM: Final = 1
 _FLOAT: Final = 3
@@ -149,12 +157,6 @@ def to_model_input(samples: npt.NDArray[np.floating], rate: int) -> Float32Array
     return resample(to_mono(samples), rate, SAMPLE_RATE)
 
 
-def float_to_pcm16(samples: npt.NDArray[np.floating]) -> bytes:
-    """Clip to [-1, 1) and round to 16-bit little-endian PCM."""
-    x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 32767 / 32768)
-    return (x * 32768.0).round().astype("<i2").tobytes()
-
-
 def pcm16_to_float(data: bytes) -> Float32Array:
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
@@ -195,3 +197,65 @@ def speech_like(
     noise = rng.standard_normal(n) * 0.02
     x = level * 0.35 * voiced * syllable * phrase + noise
     return np.clip(x, -1.0, 1.0).astype(np.float32)
+
+
+# -- input audio as wire messages ---------------------------------------------------------------
+# The append message is the hot path: build its text around the base64 once, from the encoder.
+_APPEND_HEAD, _APPEND_TAIL = dumps(
+    {k: v for k, v in encode_client_event(InputAudioBufferAppend(audio="\x00")).items() if v is not None}
+).split("\\u0000")
+
+
+def append_message(audio: bytes) -> str:
+    """``input_audio_buffer.append`` JSON text carrying ``audio`` (already in the session format)."""
+    return _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
+
+
+def to_wire_bytes(samples: AudioInput, input_format: str = "pcm16") -> bytes:
+    """Audio as the bytes of ``input_format``. Bytes pass through unchanged (they must already be
+    in that format); int16 arrays are PCM16; float arrays are samples in [-1, 1]."""
+    if isinstance(samples, bytes | bytearray | memoryview):
+        return bytes(samples)
+    x = np.asarray(samples)
+    if x.ndim != 1:
+        raise ValueError(f"expected mono samples (a 1-D array), got shape {x.shape}")
+    fmt = canonical_format(input_format)
+    if x.dtype == np.int16:
+        if fmt == "pcm16":
+            return x.astype("<i2", copy=False).tobytes()
+        return (x.astype(np.float32) / 32768.0).astype("<f4").tobytes()
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"samples must be int16 or float, not {x.dtype}")
+    if fmt == "pcm16":
+        return float_to_pcm16(x)
+    return np.ascontiguousarray(x, dtype="<f4").tobytes()
+
+
+@attrs.frozen
+class EncodedAudio:
+    """Audio pre-encoded as ``input_audio_buffer.append`` messages, one per 80 ms frame (the last
+    may be shorter). Encode once and stream it many times (``duplex-load`` shares one between
+    all its sessions)."""
+
+    messages: tuple[str, ...]
+    total_samples: int
+    input_format: str
+
+    @property
+    def frames(self) -> int:
+        return len(self.messages)
+
+    @property
+    def seconds(self) -> float:
+        return self.total_samples / SAMPLE_RATE
+
+
+def encode_audio(
+    samples: AudioInput, input_format: str = "pcm16", frame_samples: int = FRAME_SAMPLES
+) -> EncodedAudio:
+    fmt = canonical_format(input_format)
+    data = to_wire_bytes(samples, fmt)
+    width = 2 if fmt == "pcm16" else 4
+    step = frame_samples * width
+    messages = tuple(append_message(data[i : i + step]) for i in range(0, len(data), step))
+    return EncodedAudio(messages, len(data) // width, fmt)

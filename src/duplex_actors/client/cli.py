@@ -31,18 +31,17 @@ import attrs
 import numpy as np
 import trio
 
+from ..audio import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 from .audio import (
-    FRAME_S,
-    FRAME_SAMPLES,
-    SAMPLE_RATE,
     Float32Array,
     WavError,
+    encode_audio,
     pad_to_frames,
     read_wav,
     to_model_input,
     write_wav,
 )
-from .connection import create_duplex_session_config, encode_audio, open_duplex_client
+from .connection import create_duplex_session_config, open_duplex_client
 from .errors import (
     ConfigRefused,
     ConnectFailed,

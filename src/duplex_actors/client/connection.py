@@ -31,7 +31,6 @@ The client never imports torch or the model: only the sans-io protocol classes a
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import math
@@ -41,9 +40,6 @@ from contextlib import asynccontextmanager
 from typing import Any, Final, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import attrs
-import numpy as np
-import numpy.typing as npt
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -53,11 +49,11 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
+from ..audio import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, canonical_format
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import (
     ClientEvent,
     Dialect,
-    InputAudioBufferAppend,
     InputAudioBufferClear,
     OutputAudioBufferClear,
     ResponseCancel,
@@ -67,8 +63,7 @@ from ..protocol.events import (
     SessionUpdate,
 )
 from ..protocol.native import split_binary_frame
-from ..session.audio import canonical_format
-from .audio import FRAME_S, FRAME_SAMPLES, float_to_pcm16
+from .audio import AudioInput, EncodedAudio, append_message, encode_audio, to_wire_bytes
 from .errors import (
     ConfigRefused,
     ConnectFailed,
@@ -95,11 +90,10 @@ HISTORY: Final = 1024  # recent events kept for wait_for(after=...)
 _HEARTBEAT_ACK: Final = "session.heartbeat_ack"
 _RECEIVE_BUFFER: Final = 64 * 1024
 
-AudioInput = bytes | bytearray | memoryview | npt.NDArray[Any]
 EventMatch = type[ServerEvent] | tuple[type[ServerEvent], ...] | Callable[[ServerEvent], bool]
 
 
-# -- session config and audio encoding ---------------------------------------------------------
+# -- session config ---------------------------------------------------------------------------
 def create_duplex_session_config(
     *,
     voice: str | None = None,
@@ -114,7 +108,10 @@ def create_duplex_session_config(
     are passed through (``temperature``, ``extra_body``, ...). Omitted values take the server's
     defaults.
     """
-    config: dict[str, Any] = {"input_audio_format": canonical_format(input_format), "sample_rate_hz": 24_000}
+    config: dict[str, Any] = {
+        "input_audio_format": canonical_format(input_format),
+        "sample_rate_hz": SAMPLE_RATE,
+    }
     if voice is not None:
         config["voice"] = voice
     if persona is not None:
@@ -127,65 +124,6 @@ def _wire(event: ClientEvent) -> str:
     """JSON text of a client event, through the protocol's own encoder (``None`` fields dropped)."""
     obj = {k: v for k, v in encode_client_event(event).items() if v is not None}
     return dumps(obj)
-
-
-# The append message is the hot path: build its text around the base64 once, from the encoder.
-_APPEND_HEAD, _APPEND_TAIL = _wire(InputAudioBufferAppend(audio="\x00")).split("\\u0000")
-
-
-def append_message(audio: bytes) -> str:
-    """``input_audio_buffer.append`` JSON text carrying ``audio`` (already in the session format)."""
-    return _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
-
-
-def to_wire_bytes(samples: AudioInput, input_format: str = "pcm16") -> bytes:
-    """Audio as the bytes of ``input_format``. Bytes pass through unchanged (they must already be
-    in that format); int16 arrays are PCM16; float arrays are samples in [-1, 1]."""
-    if isinstance(samples, bytes | bytearray | memoryview):
-        return bytes(samples)
-    x = np.asarray(samples)
-    if x.ndim != 1:
-        raise ValueError(f"expected mono samples (a 1-D array), got shape {x.shape}")
-    fmt = canonical_format(input_format)
-    if x.dtype == np.int16:
-        if fmt == "pcm16":
-            return x.astype("<i2", copy=False).tobytes()
-        return (x.astype(np.float32) / 32768.0).astype("<f4").tobytes()
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"samples must be int16 or float, not {x.dtype}")
-    if fmt == "pcm16":
-        return float_to_pcm16(x)
-    return np.ascontiguousarray(x, dtype="<f4").tobytes()
-
-
-@attrs.frozen
-class EncodedAudio:
-    """Audio pre-encoded as ``input_audio_buffer.append`` messages, one per 80 ms frame (the last
-    may be shorter). Encode once and stream it many times (``duplex-load`` shares one between
-    all its sessions)."""
-
-    messages: tuple[str, ...]
-    total_samples: int
-    input_format: str
-
-    @property
-    def frames(self) -> int:
-        return len(self.messages)
-
-    @property
-    def seconds(self) -> float:
-        return self.total_samples / 24_000
-
-
-def encode_audio(
-    samples: AudioInput, input_format: str = "pcm16", frame_samples: int = FRAME_SAMPLES
-) -> EncodedAudio:
-    fmt = canonical_format(input_format)
-    data = to_wire_bytes(samples, fmt)
-    width = 2 if fmt == "pcm16" else 4
-    step = frame_samples * width
-    messages = tuple(append_message(data[i : i + step]) for i in range(0, len(data), step))
-    return EncodedAudio(messages, len(data) // width, fmt)
 
 
 def _dialect_of(url: str) -> Dialect:

@@ -18,10 +18,9 @@ from typing import Any, Final
 
 import attrs
 
+from ..audio import FRAME_PCM16_BYTES
 from ..protocol import events as wire
 from ..protocol.events import Dialect
-
-FRAME_PCM16_BYTES: Final = 3840  # one 80 ms frame: 1920 samples x 2 bytes
 
 
 @attrs.frozen(kw_only=True)

@@ -48,8 +48,9 @@ import attrs
 import numpy as np
 import trio
 
-from .audio import FRAME_S, FRAME_SAMPLES, Float32Array, WavError, read_wav, speech_like, to_model_input
-from .connection import EncodedAudio, create_duplex_session_config, encode_audio, open_duplex_client
+from ..audio import FRAME_S, FRAME_SAMPLES
+from .audio import EncodedAudio, Float32Array, WavError, encode_audio, read_wav, speech_like, to_model_input
+from .connection import create_duplex_session_config, open_duplex_client
 from .errors import ConnectFailed, DuplexError, ResourceExhausted, ServerClosed, SessionRefused, Unauthorized
 from .events import AudioDelta, Error, ServerEvent
 from .stats import Delta, aggregate, prometheus_value, session_stats

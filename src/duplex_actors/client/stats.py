@@ -27,7 +27,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-FRAME_S: Final = 0.08
+from ..audio import FRAME_S
+
 JITTER_BUFFER_S: Final = 0.12
 
 

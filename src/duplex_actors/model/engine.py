@@ -13,9 +13,6 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-FRAME_SAMPLES = 1920
-SAMPLE_RATE = 24_000
-FRAME_MS = 80
 NUM_CODEBOOKS = 8
 # Text ids the model uses for "no text": PAD and end-of-padding. Never shown to users.
 TEXT_PAD_ID = 3

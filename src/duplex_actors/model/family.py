@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .engine import FRAME_SAMPLES, GREEDY, SAMPLE_RATE, SamplingConfig, SessionPrompt
+from ..audio import FRAME_SAMPLES, SAMPLE_RATE
+from .engine import GREEDY, SamplingConfig, SessionPrompt
 from .errors import InvalidRuntimeConfig, InvalidVoice
 
 DEFAULT_PERSONA = (

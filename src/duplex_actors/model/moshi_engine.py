@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ..audio import FRAME_SAMPLES
 from .engine import (
-    FRAME_SAMPLES,
     GREEDY,
     NUM_CODEBOOKS,
     TEXT_EPAD_ID,

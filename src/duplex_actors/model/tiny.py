@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .engine import FRAME_SAMPLES, SAMPLE_RATE, TEXT_PAD_ID
+from ..audio import FRAME_SAMPLES, SAMPLE_RATE
+from .engine import TEXT_PAD_ID
 from .layout import (
     LM_CONFIG_NAME,
     LM_NAME,

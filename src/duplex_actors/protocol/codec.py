@@ -19,7 +19,7 @@ from typing import Any, Final
 import cattrs
 from cattrs.strategies import configure_tagged_union
 
-from ..session.audio import AudioError, canonical_format
+from ..audio import SAMPLE_RATE, AudioError, canonical_format
 from . import errors as codes
 from .errors import ProtocolError, clip
 from .events import (
@@ -39,7 +39,6 @@ MAX_EVENT_ID_CHARS: Final = 512
 # Echoed back to the client: kept small so no server frame comes near 1 MiB.
 MAX_PLAYBACK_PAYLOAD_BYTES: Final = 64 * 1024
 MAX_SESSION_CONFIG_BYTES: Final = 256 * 1024
-SAMPLE_RATE: Final = 24_000
 DEFAULT_INPUT_FORMAT: Final = "pcm16"
 # Keys of the session object the server owns; a client's values for them are dropped.
 SERVER_OWNED_SESSION_KEYS: Final = frozenset({"id", "object", "model", "capabilities"})

@@ -175,7 +175,7 @@ def replay_model(
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
     """Re-run ``engine`` (slot 0) on the logged inputs; fills ``report.divergence``."""
-    from ..session.audio import float_to_pcm16
+    from ..audio import float_to_pcm16
 
     report.level = "model"
     requested: dict[int, Any] = {}

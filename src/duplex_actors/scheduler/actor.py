@@ -23,7 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from ..model.engine import FRAME_MS, ModelEngine, StepOutput
+from ..audio import FRAME_MS
+from ..model.engine import ModelEngine, StepOutput
 from .clock import REAL_TIME, Clock
 from .slots import Occupant, QueuedFrame, Slot, SlotTable
 

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import trio
 
+from ..audio import float_to_pcm16
 from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev
-from .audio import float_to_pcm16
 from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, SubmitFrame
 from .inbox import Inbox
 

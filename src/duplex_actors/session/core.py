@@ -24,12 +24,10 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ..audio import FRAME_SAMPLES, SAMPLE_RATE, AudioError, decode
 from ..log import records as r
 from . import events as ev
-from .audio import AudioError, decode, float_to_pcm16
 
-FRAME_SAMPLES = 1920
-SAMPLE_RATE = 24_000
 SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
 # Session config keys that pick the prompt; everything else is echoed back unchanged.
 PROMPT_KEYS = ("voice", "instructions")
@@ -335,8 +333,3 @@ class SessionCore:
         self.epoch += 1
         self._speech_started = False
         out.append(ResetSlot(self.epoch, self.prompt))
-
-
-def pcm16_of(samples: npt.NDArray[np.float32]) -> bytes:
-    """What a Step record stores for an output frame."""
-    return float_to_pcm16(samples)
