@@ -29,8 +29,6 @@ from ..log import records as r
 from . import events as ev
 
 SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
-# Session config keys that pick the prompt; everything else is echoed back unchanged.
-PROMPT_KEYS = ("voice", "instructions")
 SAMPLING_KEYS = ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
 
 
@@ -120,10 +118,6 @@ class SessionCore:
         return len(self._tail) + self.frames_pending * FRAME_SAMPLES
 
     @property
-    def response_active(self) -> bool:
-        return self._response is not None
-
-    @property
     def locked(self) -> bool:
         """Voice and persona are fixed once the first frame has gone to the model."""
         return self.frames_in > 0
@@ -142,7 +136,7 @@ class SessionCore:
     # -- the state machine ---------------------------------------------------------------------
     def apply(self, record: r.Record) -> list[Effect]:
         if self.closed:
-            return []  # e.g. a step result that raced the close: nothing follows session.closed
+            return []
         out: list[Effect] = []
         match record:
             case r.Header():
@@ -232,8 +226,6 @@ class SessionCore:
 
     def _update(self, record: r.Update, out: list[Effect]) -> None:
         merged = {**self.config, **record.config}
-        if "voice" not in record.config and self.config.get("voice") is not None:
-            merged["voice"] = self.config["voice"]
         try:
             prompt = self._validated(merged)
         except Exception as exc:

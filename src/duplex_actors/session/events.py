@@ -120,9 +120,6 @@ SessionEvent = (
     | SessionClosed
 )
 
-# Terminal events end an epoch's response; nothing of that epoch follows them.
-TERMINAL = (ResponseEnded,)
-
 
 def event_name(event: SessionEvent) -> str:
     return type(event).__name__
