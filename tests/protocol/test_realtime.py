@@ -9,9 +9,10 @@ import pytest
 
 from duplex_actors.protocol import dumps
 from duplex_actors.protocol.errors import ProtocolError
-from duplex_actors.protocol.realtime import MAX_TRANSCRIPT_CHARS, RealtimeProjection, refusal_error
+from duplex_actors.protocol.realtime import RealtimeProjection, refusal_error
 from duplex_actors.protocol.schemas import validate_server_event
 from duplex_actors.session import events as ev
+from duplex_actors.session.events import MAX_TRANSCRIPT_CHARS
 
 from .conftest import SID, core_events
 

@@ -238,3 +238,15 @@ def test_digests_depend_on_every_event_and_frame():
     a, b, c = run("x"), run("x"), run("y")
     assert a == b and a.events_sha256 != c.events_sha256 and a.audio_sha256 == c.audio_sha256
     assert a.frames_out == 1 and a.events == 7  # created, updated, speech, started, frame, ended, closed
+
+
+def test_the_transcript_is_capped_in_the_core_and_the_pieces_are_not():
+    core = new_core()
+    pieces = [chr(ord("a") + i) * 10_000 for i in range(8)]  # 80 000 characters in all
+    append(core, FRAME_SAMPLES * len(pieces))
+    frames = [e for i, p in enumerate(pieces) for e in events(step(core, 0, i, p))]
+    assert [f.text for f in frames if isinstance(f, ev.AudioFrame)] == pieces
+    (ended,) = [e for e in events(core.apply(r.Cancel())) if isinstance(e, ev.ResponseEnded)]
+    assert len(ended.transcript) == ev.MAX_TRANSCRIPT_CHARS
+    assert ended.transcript == "".join(pieces)[: ev.MAX_TRANSCRIPT_CHARS]
+    assert ended.frames == len(pieces)

@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ..session import events as ev
+from ..session.events import MAX_TRANSCRIPT_CHARS
 from .codec import SERVER_OWNED_SESSION_KEYS, parse_client_binary
 from .errors import ProtocolError, clip
-from .realtime import MAX_TRANSCRIPT_CHARS
 
 __all__ = ["NativeProjection", "binary_frame", "parse_client_binary", "refusal_error", "split_binary_frame"]
 

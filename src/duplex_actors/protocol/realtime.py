@@ -34,11 +34,11 @@ from typing import Any, Final
 
 from ..audio import FRAME_MS, SAMPLE_RATE
 from ..session import events as ev
+from ..session.events import MAX_TRANSCRIPT_CHARS
 from . import events as wire
 from .codec import SERVER_OWNED_SESSION_KEYS
 from .errors import ProtocolError, clip, error_type
 
-MAX_TRANSCRIPT_CHARS: Final = 64 * 1024
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
 
 

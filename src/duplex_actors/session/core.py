@@ -102,6 +102,7 @@ class SessionCore:
         self._response: tuple[str, str] | None = None  # (response_id, item_id) of this epoch
         self._response_frames = 0
         self._transcript: list[str] = []
+        self._transcript_chars = 0
         self._speech_started = False
         self._events = hashlib.sha256()
         self._audio = hashlib.sha256()
@@ -288,13 +289,18 @@ class SessionCore:
             self._response = (self._id("resp", self.epoch), self._id("item", self.epoch))
             self._response_frames = 0
             self._transcript = []
+            self._transcript_chars = 0
             self._emit(out, ev.ResponseStarted(*self._response, self.epoch))
         response_id, item_id = self._response
         self.frames_out += 1
         self._response_frames += 1
         self._audio.update(record.pcm16)
-        if record.text_piece:
-            self._transcript.append(record.text_piece)
+        room = ev.MAX_TRANSCRIPT_CHARS - self._transcript_chars
+        if record.text_piece and room > 0:
+            # The response's transcript is bounded; every piece still goes out in its frame.
+            piece = record.text_piece[:room]
+            self._transcript.append(piece)
+            self._transcript_chars += len(piece)
         self._emit(
             out,
             ev.AudioFrame(

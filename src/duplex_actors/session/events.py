@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Final
 
 import attrs
+
+# A response's transcript (``ResponseEnded.transcript``) keeps at most this many characters; the
+# text pieces of the frames are not cut.
+MAX_TRANSCRIPT_CHARS: Final = 64 * 1024
 
 
 @attrs.frozen(slots=True)
