@@ -47,7 +47,7 @@ def core_events() -> list[ev.SessionEvent]:
     core = SessionCore(SID, detect_family(["NATF2.pt", "NATM1.pt"]))
     records: list[r.Record] = [
         r.Open({"voice": "NATM1.pt", "modalities": ["audio"], "turn_detection": None}),
-        r.Append((np.full(FRAME_SAMPLES * 3, 0.3, "<f4")).tobytes(), "pcm_f32le", "ev_append"),
+        r.Append((np.full(FRAME_SAMPLES * 4, 0.3, "<f4")).tobytes(), "pcm_f32le", "ev_append"),
         _step(0, 0, "Hel"),
         _step(0, 1, ""),
         r.Cancel("ev_cancel"),

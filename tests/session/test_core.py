@@ -203,7 +203,7 @@ def test_speech_started_once_per_epoch():
     assert again.epoch == 1 and again.frame_index == 3
 
 
-def test_close_ends_the_response_releases_then_closes_and_nothing_follows():
+def test_close_ends_the_response_releases_then_closes_and_refuses_what_follows():
     core = new_core()
     append(core, FRAME_SAMPLES)
     step(core, 0, 0)
@@ -212,7 +212,8 @@ def test_close_ends_the_response_releases_then_closes_and_nothing_follows():
     assert kinds == ["ResponseEnded", "ReleaseSlot", "SessionClosed"]
     assert isinstance(effects[1], ReleaseSlot)
     assert core.closed
-    assert core.apply(r.Heartbeat()) == [] and step(core, 0, 1) == []
+    for late in (core.apply(r.Heartbeat()), step(core, 0, 1)):
+        assert [e.code for e in events(late)] == ["session_closed"] and len(late) == 1
 
 
 def test_small_commands():
@@ -250,3 +251,13 @@ def test_the_transcript_is_capped_in_the_core_and_the_pieces_are_not():
     assert len(ended.transcript) == ev.MAX_TRANSCRIPT_CHARS
     assert ended.transcript == "".join(pieces)[: ev.MAX_TRANSCRIPT_CHARS]
     assert ended.frames == len(pieces)
+
+
+def test_an_extra_body_that_is_not_an_object_is_refused():
+    core = new_core()
+    (err,) = events(core.apply(r.Update({"extra_body": ["personaplex_persona"]}, "u1")))
+    assert err == ev.Error("invalid_duplex_runtime_config", "extra_body must be an object", "u1")
+    assert "extra_body" not in core.config
+    opened = SessionCore(SID, detect_family(["NATF2.pt"]))
+    kinds = [type(e).__name__ for e in events(opened.apply(r.Open({"extra_body": "x"}, "o1")))]
+    assert kinds == ["SessionCreated", "SessionUpdated", "Error"]

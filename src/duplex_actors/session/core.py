@@ -12,13 +12,21 @@ bounded); epochs (cancel and output-buffer clear end the response and start a fr
 context; frames already drained but not yet stepped are carried into the new epoch; input
 clear drops the partial frame only); the response lifecycle (one response per epoch, opened at
 the epoch's first output frame); and the ordered stream of dialect-neutral events.
+
+Its life is explicit, h11-style: a :class:`State` and a table (:data:`ACCEPTS`) of the records
+each state takes. Nothing is ignored silently: a client's mistake is an ``error`` event with
+its wire code and the session goes on; a record the state does not take is refused with an
+``error`` too: ``session_closed`` once the session is closed, ``internal_error`` otherwise (the
+log contradicts a session's life: a bug of the shell that wrote it), which also puts the core
+in :attr:`State.ERROR`, where it refuses everything until the shell closes the session.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 import numpy as np
@@ -57,6 +65,14 @@ class SessionLimits:
             raise ValueError("max_buffered_samples must hold at least 10 s of audio")
 
 
+class ConfigRefused(ValueError):
+    """A session config the core itself refuses (before the model family sees it)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 # -- effects -----------------------------------------------------------------------------------
 @attrs.frozen(slots=True)
 class Emit:
@@ -85,19 +101,44 @@ class ReleaseSlot:
 Effect = Emit | SubmitFrame | ResetSlot | ReleaseSlot
 
 
+# -- states --------------------------------------------------------------------------------------
+class State(enum.Enum):
+    IDLE = "idle"  # nothing applied yet, or only the log's header
+    OPEN = "open"  # session.created sent; no response in this epoch yet
+    RESPONDING = "responding"  # the epoch's first output frame opened a response
+    CLOSED = "closed"  # session.closed sent: the last event of a session
+    ERROR = "error"  # the records contradicted the session's life; only a close ends it
+
+
+# What a live session takes from its client (the shell turns each wire command into one).
+_COMMANDS: Final = frozenset(
+    {r.Update, r.Append, r.ClearInput, r.ClearOutput, r.Cancel, r.Heartbeat, r.PlaybackAck, r.Rejected}
+)
+# The records each state takes. Anything else is refused: in CLOSED with ``session_closed``,
+# in ERROR with ``internal_error``, elsewhere with ``internal_error`` and a move to ERROR. A
+# taken record can still be refused by its own checks (bad audio, a locked voice, ...).
+ACCEPTS: Final[Mapping[State, frozenset[type[Any]]]] = {
+    State.IDLE: frozenset({r.Header, r.Open, r.Close}),
+    State.OPEN: _COMMANDS | {r.Step, r.Close},
+    State.RESPONDING: _COMMANDS | {r.Step, r.Close},
+    State.ERROR: frozenset({r.Close}),
+    State.CLOSED: frozenset({r.End}),
+}
+
+
 class SessionCore:
     def __init__(self, session_id: str, policy: PromptPolicy, limits: SessionLimits | None = None) -> None:
         self.session_id = session_id
         self.policy = policy
         self.limits = limits or SessionLimits()
-        self.opened = False
-        self.closed = False
+        self.state = State.IDLE
         self.config: dict[str, Any] = {}
         self.prompt: Any = None
         self.epoch = 0
         self.frames_in = 0  # whole input frames drained (= next frame index)
         self.frames_stepped = 0  # step results received, any epoch
         self.frames_out = 0  # output frames emitted
+        self._header_seen = False
         self._tail: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
         self._response: tuple[str, str] | None = None  # (response_id, item_id) of this epoch
         self._response_frames = 0
@@ -109,6 +150,10 @@ class SessionCore:
         self.events_emitted = 0
 
     # -- derived state ------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
     @property
     def frames_pending(self) -> int:
         """Frames submitted to the scheduler whose step result has not come back."""
@@ -136,13 +181,17 @@ class SessionCore:
 
     # -- the state machine ---------------------------------------------------------------------
     def apply(self, record: r.Record) -> list[Effect]:
-        if self.closed:
-            return []
         out: list[Effect] = []
+        if type(record) not in ACCEPTS[self.state]:
+            self._refuse(record, out)
+            return out
         match record:
             case r.Header():
                 if record.session_id != self.session_id:
                     raise ValueError(f"log of {record.session_id}, core of {self.session_id}")
+                if self._header_seen:
+                    self._fail(out, "a second header record")
+                self._header_seen = True
             case r.Open():
                 self._open(record, out)
             case r.Update():
@@ -176,10 +225,26 @@ class SessionCore:
                 self._end_response(out, "session_closed", audio_cleared=False)
                 out.append(ReleaseSlot())  # session.closed goes out once the slot is reset
                 self._emit(out, ev.SessionClosed(self.session_id, record.reason))
-                self.closed = True
+                self.state = State.CLOSED
             case r.End():
-                pass
+                pass  # the log's trailer: digests, checked by the replayer
         return out
+
+    def _refuse(self, record: r.Record, out: list[Effect]) -> None:
+        """A record the current state does not take (see ACCEPTS)."""
+        kind = r.KIND_NAMES[type(record)]
+        client_event_id = getattr(record, "client_event_id", None)
+        if self.state is State.CLOSED:
+            self._error(out, "session_closed", f"the session is closed: {kind} refused", client_event_id)
+        elif self.state is State.ERROR:
+            self._error(out, "internal_error", f"the session failed earlier: {kind} refused", client_event_id)
+        else:
+            self._fail(out, f"a {kind} record while the session is {self.state.value}", client_event_id)
+
+    def _fail(self, out: list[Effect], what: str, client_event_id: str | None = None) -> None:
+        """The records contradict the session's life: say so and refuse everything but a close."""
+        self.state = State.ERROR
+        self._error(out, "internal_error", f"session log out of order: {what}", client_event_id)
 
     def _emit(self, out: list[Effect], event: ev.SessionEvent) -> None:
         self._events.update(ev.canonical_bytes(event))
@@ -192,11 +257,13 @@ class SessionCore:
     def _validated(self, config: Mapping[str, Any]) -> Any:
         sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
         extra = config.get("extra_body")
+        if extra is not None and not isinstance(extra, Mapping):
+            raise ConfigRefused("invalid_duplex_runtime_config", "extra_body must be an object")
         return self.policy.session_prompt(
             voice=config.get("voice"),
             persona=config.get("instructions"),
             sampling=sampling,
-            extra=extra if isinstance(extra, Mapping) else None,
+            extra=extra,
         )
 
     def _effective(self, config: Mapping[str, Any], prompt: Any) -> dict[str, Any]:
@@ -206,9 +273,7 @@ class SessionCore:
         return effective
 
     def _open(self, record: r.Open, out: list[Effect]) -> None:
-        if self.opened:
-            return
-        self.opened = True
+        self.state = State.OPEN
         refusal: Exception | None = None
         try:
             prompt = self._validated(record.config)
@@ -282,10 +347,19 @@ class SessionCore:
         self._tail = np.array(buf[whole * FRAME_SAMPLES :], dtype=np.float32)
 
     def _step(self, record: r.Step, out: list[Effect]) -> None:
+        if self.frames_pending == 0 or record.epoch > self.epoch:
+            self._fail(
+                out, f"a step result for frame {record.frame_index} (epoch {record.epoch}) never submitted"
+            )
+            return
         self.frames_stepped += 1
-        if record.epoch != self.epoch:
-            return  # stepped in an epoch that has ended: nothing of it follows its terminal events
+        if record.epoch < self.epoch:
+            # Not input but a result of an epoch that has ended (the frame being stepped at a
+            # cancel or clear): nothing of that epoch follows its terminal events. The shell
+            # counts it as dropped (stale_epoch).
+            return
         if self._response is None:
+            self.state = State.RESPONDING
             self._response = (self._id("resp", self.epoch), self._id("item", self.epoch))
             self._response_frames = 0
             self._transcript = []
@@ -325,6 +399,8 @@ class SessionCore:
             ),
         )
         self._response = None
+        if self.state is State.RESPONDING:
+            self.state = State.OPEN
 
     def _new_epoch(self, out: list[Effect], reason: str, *, audio_cleared: bool) -> None:
         self._end_response(out, reason, audio_cleared=audio_cleared)
