@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import trio
@@ -31,15 +31,18 @@ from quart_trio import QuartTrio
 from .config import ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
-from .model.engine import FRAME_SAMPLES
+from .model.engine import FRAME_SAMPLES, ModelEngine
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
-from .server import LogUnavailable, ResourceExhausted
+from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
 from .web.connection import CONFIG_TIMEOUT_S, Connection, Transport, capabilities
-from .web.dialects import NativeDialect, RealtimeDialect
+from .web.dialects import Dialect, NativeDialect, RealtimeDialect
 from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
 from .web.page import install_page_routes
+
+if TYPE_CHECKING:
+    from .scaleout.upload import LogUploader
 
 log = logging.getLogger("duplex_actors")
 
@@ -53,14 +56,14 @@ class ModelHolder:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.engine: Any = None
-        self.server: Any = None
+        self.engine: ModelEngine | None = None
+        self.server: DuplexServer | None = None
         self.error: str | None = None
         self.loaded_at: float | None = None
         self.warmup_ms: float | None = None
         self.draining = False
         self.paused = False  # SIGUSR1: no new sessions, the live ones go on
-        self.uploader: Any = None
+        self.uploader: LogUploader | None = None
         self.connections: set[Connection] = set()
         self.idle = trio.Event()
         self.counters = Counters()
@@ -70,7 +73,7 @@ class ModelHolder:
     def model_id(self) -> str:
         return self.config.model
 
-    def load(self) -> Any:
+    def load(self) -> ModelEngine:
         from .model.factory import open_engine
 
         cfg = self.config
@@ -126,7 +129,9 @@ class ModelHolder:
             self.loaded_at = time.time()
             await trio.sleep_forever()
 
-    async def _upload_logs(self, server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _upload_logs(
+        self, server: DuplexServer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         from .scaleout.s3 import parse_s3_url
         from .scaleout.upload import LogUploader
 
@@ -356,11 +361,15 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
         return body, 503
 
     async def _accept_and_run(
-        server: Any, reservation: Any, dialect_name: str, headers: dict[str, str], subprotocols: list[str]
+        server: DuplexServer,
+        reservation: SlotReservation | None,
+        dialect_name: str,
+        headers: dict[str, str],
+        subprotocols: list[str],
     ) -> Any:
         if dialect_name == "realtime":
             beta = "realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols
-            dialect: Any = RealtimeDialect(
+            dialect: Dialect = RealtimeDialect(
                 model=config.model,
                 capabilities=capabilities(server.engine.slots),
                 beta=beta,
@@ -397,7 +406,7 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
             holder.connections.discard(conn)
         return None
 
-    async def _open_and_run(conn: Connection, dialect: Any, dialect_name: str) -> None:
+    async def _open_and_run(conn: Connection, dialect: Dialect, dialect_name: str) -> None:
         from .protocol.errors import ProtocolError
 
         args = request_args()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -37,7 +36,8 @@ from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .metrics import Counters
-from .scheduler.actor import ResourceExhausted, Scheduler
+from .model.engine import EngineDescription, ModelEngine
+from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
 from .session import events as ev
 from .session.actor import SessionActor
@@ -194,7 +194,7 @@ class SlotReservation:
 class DuplexServer:
     def __init__(
         self,
-        engine: Any,
+        engine: ModelEngine,
         scheduler: Scheduler,
         writer: LogWriter,
         nursery: trio.Nursery,
@@ -202,7 +202,7 @@ class DuplexServer:
         policy: PromptPolicy,
         limits: SessionLimits,
         outbox_size: int,
-        header_info: Mapping[str, Any],
+        description: EngineDescription,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         self.engine = engine
@@ -211,7 +211,7 @@ class DuplexServer:
         self.policy = policy
         self.limits = limits
         self.outbox_size = outbox_size
-        self.header_info = dict(header_info)
+        self.description = description  # what every log header records about the engine
         self._nursery = nursery
         self._session_ids = session_ids
         self.sessions: dict[str, SessionActor] = {}
@@ -296,14 +296,15 @@ class DuplexServer:
         self.counters.sessions_opened += 1
         self.scheduler.table.slots[slot].occupant = actor
         self.sessions[session_id] = actor
+        described = self.description
         header = r.Header(
             format_version=r.FORMAT_VERSION,
             session_id=session_id,
-            model_id=str(self.header_info.get("model_id", "")),
-            checkpoint_sha256=str(self.header_info.get("checkpoint_sha256", "")),
-            dtype=str(self.header_info.get("dtype", "")),
+            model_id=described.model_id,
+            checkpoint_sha256=described.checkpoint_sha256,
+            dtype=described.dtype,
             engine={
-                **self.header_info.get("engine", {}),
+                **described.engine,
                 "limits": {"max_buffered_samples": self.limits.max_buffered_samples},
             },
             sampling={
@@ -326,10 +327,9 @@ class DuplexServer:
             await actor.run()
         finally:
             self.sessions.pop(actor.session_id, None)
-            path = getattr(actor.log, "path", None)
-            for listener in self.on_log_finished if path is not None else ():
+            for listener in self.on_log_finished:
                 try:
-                    listener(actor.session_id, Path(str(path)))
+                    listener(actor.session_id, actor.log.path)
                 except Exception:
                     logging.getLogger(__name__).exception("a log-finished listener failed")
 
@@ -348,29 +348,17 @@ class DuplexServer:
 
 
 class _Pending:
-    """Holds a slot between admission (or a reservation) and the actor's creation; receives
-    nothing (it submits no frames)."""
+    """Holds a slot between admission (or a reservation) and the actor's creation. It submits
+    no frames and requests no reset, so the scheduler never calls it."""
 
-    def deliver_nowait(self, result: Any) -> None:
+    def deliver_nowait(self, result: StepResult) -> None:
         raise AssertionError("a step result for a session that is not open yet")
 
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a reset for a session that is not open yet") from exc
 
-def header_info_for(engine: Any) -> dict[str, Any]:
-    """What the log header records about the model (checkpoint hash computed once)."""
-    info: dict[str, Any] = {"model_id": getattr(engine, "model_id", type(engine).__name__)}
-    checkpoint = getattr(engine, "checkpoint", None)
-    if checkpoint is not None:
-        info["checkpoint_sha256"] = checkpoint.files.lm_sha256()
-        info["dtype"] = str(checkpoint.dtype).removeprefix("torch.")
-        info["engine"] = {
-            "slots": engine.slots,
-            "family": engine.family.name,
-            "voices": list(engine.family.voices),
-            "prefill": getattr(engine, "_prefill_mode", "snapshot"),
-            "device": str(checkpoint.device),
-            "machine": platform.machine(),
-        }
-    return info
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a step for a session that is not open yet") from exc
 
 
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
@@ -430,7 +418,7 @@ async def _retention(
 
 @asynccontextmanager
 async def open_duplex_server(
-    engine: Any,
+    engine: ModelEngine,
     *,
     log_dir: str | Path = "sessions",
     virtual_time: bool = False,
@@ -458,9 +446,7 @@ async def open_duplex_server(
     recovered = (
         recover_logs(log_dir) if clock.virtual else await trio.to_thread.run_sync(recover_logs, log_dir)
     )
-    info = (
-        header_info_for(engine) if clock.virtual else await trio.to_thread.run_sync(header_info_for, engine)
-    )
+    description = engine.describe() if clock.virtual else await trio.to_thread.run_sync(engine.describe)
     async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
         async with trio.open_nursery() as nursery:
             scheduler = Scheduler(engine, clock=clock, max_batch_wait_ms=max_batch_wait_ms)
@@ -473,7 +459,7 @@ async def open_duplex_server(
                 policy=policy or engine.family,
                 limits=limits or SessionLimits(),
                 outbox_size=outbox_size,
-                header_info=info,
+                description=description,
                 session_ids=session_ids,
             )
             server.recovered_logs = recovered

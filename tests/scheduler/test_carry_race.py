@@ -8,7 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from duplex_actors.model.engine import FRAME_SAMPLES, StepOutput
+from duplex_actors.model.engine import FRAME_SAMPLES, EngineDescription, StepOutput
+from duplex_actors.model.family import MoshiFamily
 from duplex_actors.scheduler.actor import Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME
 
@@ -16,8 +17,15 @@ from duplex_actors.scheduler.clock import VIRTUAL_TIME
 class Engine:
     def __init__(self) -> None:
         self.slots = 2
+        self.family = MoshiFamily()
         self.calls: list[tuple] = []
         self.on_reset = None
+
+    def describe(self) -> EngineDescription:
+        return EngineDescription(model_id="carry-race")
+
+    def prepare(self, prompt) -> None:
+        pass  # nothing to compute ahead of a reset
 
     def reset(self, slot, prompt):
         self.calls.append(("reset", slot, prompt))
@@ -38,6 +46,12 @@ class Sink:
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)
+
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected reset failure: {exc!r}")
+
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected step failure: {exc!r}")
 
 
 @pytest.fixture

@@ -11,16 +11,27 @@ import pytest
 import trio
 import trio.testing
 
-from duplex_actors.model.engine import FRAME_SAMPLES, StepOutput
+from duplex_actors.model.engine import FRAME_SAMPLES, EngineDescription, StepOutput
+from duplex_actors.model.family import MoshiFamily
 from duplex_actors.scheduler.actor import ResourceExhausted, Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME
 
 
 class RecordingEngine:
+    """A ModelEngine that records its calls (prepare calls apart: they run in other tasks)."""
+
     def __init__(self, slots: int) -> None:
         self.slots = slots
+        self.family = MoshiFamily()
         self.calls: list[tuple] = []
+        self.prepared: list[tuple] = []
         self.now = lambda: trio.current_time()
+
+    def describe(self) -> EngineDescription:
+        return EngineDescription(model_id="recording")
+
+    def prepare(self, prompt):
+        self.prepared.append((prompt, self.now()))
 
     def reset(self, slot, prompt):
         self.calls.append(("reset", slot, prompt, self.now()))
@@ -39,6 +50,12 @@ class Sink:
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)
+
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected reset failure: {exc!r}")
+
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected step failure: {exc!r}")
 
 
 def frame(value: int) -> np.ndarray:

@@ -16,16 +16,17 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 import trio
 
-from ..model.engine import FRAME_MS, ModelEngine, StepOutput
+from ..model.engine import FRAME_MS, ModelEngine, SessionPrompt, StepOutput
 from .clock import REAL_TIME, Clock
-from .slots import Occupant, QueuedFrame, Slot, SlotTable
+from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
+
+__all__ = ["ResourceExhausted", "Scheduler", "SchedulerFailed", "SchedulerStatistics", "StepResult"]
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,6 @@ class ResourceExhausted(Exception):
 
 class SchedulerFailed(Exception):
     code = "internal_error"
-
-
-@attrs.frozen(slots=True, eq=False)
-class StepResult:
-    epoch: int
-    frame_index: int
-    output: StepOutput
 
 
 @attrs.frozen(slots=True)
@@ -107,24 +101,25 @@ class Scheduler:
         entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now()))
         self._wake.set()
 
-    def request_reset(self, slot: int, epoch: int, prompt: Any) -> None:
+    def request_reset(self, slot: int, epoch: int, prompt: SessionPrompt | None) -> None:
         """Fresh, prefilled context for ``epoch``; queued frames are carried into it."""
         entry = self.table.slots[slot]
-        entry.pending_reset = (epoch, prompt)
+        request = entry.pending_reset = (epoch, prompt)
         self._ready_resets.discard(slot)
-        prepare = getattr(self.engine, "prepare", None)
-        if self.clock.virtual or prepare is None or self._nursery is None:
+        if self.clock.virtual or prompt is None or self._nursery is None:
             self._ready_resets.add(slot)
             self._wake.set()
             return
-        self._nursery.start_soon(self._prepare, slot, entry.pending_reset, prepare)
+        self._nursery.start_soon(self._prepare, slot, request, prompt)
 
-    async def _prepare(self, slot: int, request: tuple[int, Any], prepare: Any) -> None:
+    async def _prepare(
+        self, slot: int, request: tuple[int, SessionPrompt | None], prompt: SessionPrompt
+    ) -> None:
         async with self._prepare_limiter:  # one prompt computed at a time, never many threads
             if self.table.slots[slot].pending_reset is not request:
                 return  # superseded (another update or epoch) before its turn: skip the work
             try:
-                await trio.to_thread.run_sync(prepare, request[1], limiter=self._prepare_threads)
+                await trio.to_thread.run_sync(self.engine.prepare, prompt, limiter=self._prepare_threads)
             except Exception:  # the reset itself runs it again and reports the error
                 log.exception("preparing a prompt failed")
         if self.table.slots[slot].pending_reset is request:
@@ -241,10 +236,8 @@ class Scheduler:
         entry.frames.clear()
         entry.pending_reset = None
         self._ready_resets.discard(entry.index)
-        occupant = entry.occupant
-        fail = getattr(occupant, "reset_failed", None)
-        if fail is not None:
-            fail(exc)
+        if entry.occupant is not None:
+            entry.occupant.reset_failed(exc)
 
     def _free(self, entry: Slot) -> None:
         self._ready_resets.discard(entry.index)
@@ -281,9 +274,7 @@ class Scheduler:
                 entry = self.table.slots[index]
                 self._dropped["step_failed"] += len(entry.frames)
                 entry.frames.clear()
-                fail = getattr(occupant, "step_failed", None)
-                if fail is not None:
-                    fail(exc)
+                occupant.step_failed(exc)
             return
         elapsed = self.clock.now() - started
         self._ticks += 1

@@ -10,6 +10,7 @@ submit frames and resets to the scheduler (never blocking), emit events to a bou
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -29,12 +30,30 @@ LOG_ROOM_RETRIES = 400
 
 
 class SessionLogHandle(Protocol):
-    def append_nowait(self, record: Any) -> object: ...
+    """One session's log as the actor sees it (``duplex_actors.log.writer.SessionLog``)."""
+
+    @property
+    def path(self) -> Path:
+        """The log file, for whoever ships or reads it once it is closed."""
+        ...
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The write or fsync error that ended the log, if any: nothing more can be written."""
+        ...
+
+    def append_nowait(self, record: r.Record) -> object:
+        """Queue a record; raises ``LogBackpressure`` when the writer's queue is full."""
+        ...
+
     def close_nowait(self) -> None: ...
+
     async def wait_closed(self) -> None: ...
 
 
 class SchedulerHandle(Protocol):
+    """The scheduler as a session sees it (``duplex_actors.scheduler.actor.Scheduler``)."""
+
     def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None: ...
     def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
     async def release(self, slot: int) -> None: ...
@@ -194,7 +213,7 @@ class SessionActor:
         try:
             await self._release()
             try:
-                if getattr(self.log, "failed", None) is None:
+                if self.log.failed is None:
                     if self.log_error is not None and self.core.closed:
                         # The log itself is fine (e.g. its queue stayed full): finish it anyway.
                         self.log_error = None

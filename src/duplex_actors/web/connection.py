@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from ..faults import Faults
+from ..metrics import Counters
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle
 from ..session import events as ev
+from .dialects import Dialect, OutboundMessage, Projection, WireMessage
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +66,9 @@ class Transport:
 
     def __init__(
         self,
-        receive: Callable[[], Any],
-        send: Callable[[Any], Any],
-        close: Callable[[int, str], Any],
+        receive: Callable[[], Awaitable[WireMessage]],
+        send: Callable[[WireMessage], Awaitable[object]],
+        close: Callable[[int, str], Awaitable[object]],
     ) -> None:
         self.receive = receive
         self.send = send
@@ -78,10 +81,10 @@ class Connection:
         server: DuplexServer,
         transport: Transport,
         *,
-        dialect: Any,
+        dialect: Dialect,
         idle_timeout_s: float,
-        counters: Any,
-        faults: Any = None,
+        counters: Counters,
+        faults: Faults | None = None,
     ) -> None:
         self.server = server
         self.transport = transport
@@ -96,7 +99,7 @@ class Connection:
         self._nursery: trio.Nursery | None = None
 
     # -- sending ---------------------------------------------------------------------------------
-    async def _send_obj(self, message: Any) -> None:
+    async def _send_obj(self, message: OutboundMessage) -> None:
         if isinstance(message, bytes):
             await self.transport.send(message)
         else:
@@ -118,7 +121,7 @@ class Connection:
     # -- the connection --------------------------------------------------------------------------
     async def run(
         self,
-        first_message: Any = None,
+        first_message: WireMessage | None = None,
         config: dict[str, Any] | None = None,
         client_event_id: str | None = None,
     ) -> None:
@@ -163,7 +166,7 @@ class Connection:
             except RuntimeError:  # the connection is finishing on its own
                 pass
 
-    async def _writer(self, projection: Any) -> None:
+    async def _writer(self, projection: Projection) -> None:
         assert self.session is not None
         closed_seen = False
         async for event in self.session.events():
@@ -196,7 +199,7 @@ class Connection:
                 return
             await self._handle(data)
 
-    async def _handle(self, data: Any) -> None:
+    async def _handle(self, data: WireMessage) -> None:
         session = self.session
         assert session is not None
         if self.faults is not None:

@@ -8,15 +8,59 @@ in-process session API.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from ..protocol import codec, errors
 from ..protocol import events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
+from ..session import events as ev
 
 Command = Callable[[SessionHandle], Awaitable[None]]
+# A WebSocket message as quart gives and takes it: text (JSON) or binary.
+WireMessage = str | bytes
+# What a projection or a refusal sends: a JSON object (the connection serialises it) or bytes.
+OutboundMessage = Mapping[str, Any] | bytes
+
+
+class Projection(Protocol):
+    """One session's events in a dialect's vocabulary (``protocol.realtime``/``protocol.native``)."""
+
+    def project(self, event: ev.SessionEvent) -> Sequence[OutboundMessage]: ...
+
+    def closing_event(self, reason: str) -> OutboundMessage:
+        """What the client is told before a server drain closes its session."""
+        ...
+
+
+class Dialect(Protocol):
+    """A WebSocket dialect as the connection handler sees it (:class:`RealtimeDialect`,
+    :class:`NativeDialect`)."""
+
+    @property
+    def name(self) -> str:
+        """Recorded in the session log's header."""
+        ...
+
+    @property
+    def output(self) -> Mapping[str, Any]:
+        """The output options recorded in the header (names, binary output)."""
+        ...
+
+    def projection(self, session_id: str) -> Projection: ...
+
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
+        """The error sent before the connection is closed without a session."""
+        ...
+
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
+        """The session command for one client message; raises ProtocolError."""
+        ...
+
+    def first_message(self, data: WireMessage) -> tuple[dict[str, Any], WireMessage | None, str | None]:
+        """``(config, message still to process, client event id)`` for the first message."""
+        ...
 
 
 def _command(event: Any, config: Mapping[str, Any]) -> Command:
@@ -89,13 +133,13 @@ class RealtimeDialect:
         self._projection = RealtimeProjection
         self._refusal = refusal_error
 
-    def projection(self, session_id: str) -> Any:
+    def projection(self, session_id: str) -> Projection:
         return self._projection(session_id, self.model, self.capabilities, beta=self.beta)
 
-    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
         return self._refusal(code, message, client_event_id)
 
-    def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if not isinstance(data, str):
             raise ProtocolError(
                 errors.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
@@ -105,7 +149,7 @@ class RealtimeDialect:
             config,
         )
 
-    def first_message(self, data: Any) -> tuple[dict[str, Any], Any, str | None]:
+    def first_message(self, data: WireMessage) -> tuple[dict[str, Any], WireMessage | None, str | None]:
         """With ``autostart=0``: a ``session.update`` opens the session with its config
         (``(config, None, its event_id)``); any other first message opens a default session and
         is then processed normally (``({}, message, None)``)."""
@@ -138,17 +182,17 @@ class NativeDialect:
         self.binary_output = False
         self.output: dict[str, Any] = {"binary_output": False}
 
-    def projection(self, session_id: str) -> Any:
+    def projection(self, session_id: str) -> Projection:
         from ..protocol.native import NativeProjection
 
         return NativeProjection(session_id, binary_output=self.binary_output, capabilities=self.capabilities)
 
-    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
         from ..protocol.native import refusal_error
 
         return refusal_error(code, message, client_event_id)
 
-    def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
             audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
             fmt = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
@@ -157,7 +201,7 @@ class NativeDialect:
             codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes), config
         )
 
-    def first_message(self, data: Any) -> tuple[dict[str, Any], Any, str | None]:
+    def first_message(self, data: WireMessage) -> tuple[dict[str, Any], WireMessage | None, str | None]:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
         if not isinstance(data, str):
             raise ProtocolError(errors.BAD_EVENT, "the first message must be session.create (JSON text)")
