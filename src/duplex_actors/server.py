@@ -38,7 +38,7 @@ from .log.writer import LogWriter, open_log_writer
 from .metrics import Counters
 from .model.engine import EngineDescription, ModelEngine
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
-from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
+from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock, Executor, io_executor
 from .session import events as ev
 from .session.actor import SessionActor
 from .session.audio import encode_f32
@@ -401,7 +401,7 @@ class _OpenSessions(AbstractSet[str]):
 
 async def _retention(
     server: DuplexServer,
-    clock: Clock,
+    io: Executor,
     log_dir: Path,
     max_age_s: float | None,
     max_bytes: int | None,
@@ -409,7 +409,7 @@ async def _retention(
 ) -> None:
     keep = _OpenSessions(server)
     while True:
-        deleted = await clock.run(
+        deleted = await io.run(
             partial(prune, log_dir, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time(), keep=keep)
         )
         server.logs_pruned += len(deleted)
@@ -443,10 +443,9 @@ async def open_duplex_server(
     clock = clock or (VIRTUAL_TIME if virtual_time else REAL_TIME)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    recovered = (
-        recover_logs(log_dir) if clock.virtual else await trio.to_thread.run_sync(recover_logs, log_dir)
-    )
-    description = engine.describe() if clock.virtual else await trio.to_thread.run_sync(engine.describe)
+    io = io_executor(clock)
+    recovered = await io.run(partial(recover_logs, log_dir))
+    description = await io.run(engine.describe)
     async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
         async with trio.open_nursery() as nursery:
             scheduler = Scheduler(engine, clock=clock, max_batch_wait_ms=max_batch_wait_ms)
@@ -465,7 +464,7 @@ async def open_duplex_server(
             server.recovered_logs = recovered
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(
-                    _retention, server, clock, log_dir, log_max_age_s, log_max_bytes, retention_interval_s
+                    _retention, server, io, log_dir, log_max_age_s, log_max_bytes, retention_interval_s
                 )
             try:
                 yield server

@@ -20,12 +20,14 @@ class Engine:
         self.family = MoshiFamily()
         self.calls: list[tuple] = []
         self.on_reset = None
+        self.on_prepare = None
 
     def describe(self) -> EngineDescription:
         return EngineDescription(model_id="carry-race")
 
     def prepare(self, prompt) -> None:
-        pass  # nothing to compute ahead of a reset
+        if self.on_prepare:
+            self.on_prepare(prompt)
 
     def reset(self, slot, prompt):
         self.calls.append(("reset", slot, prompt))
@@ -79,8 +81,13 @@ async def test_frame_queued_at_epoch_change_is_carried_even_if_another_slot_rese
                 engine.on_reset = None
                 sched.request_reset(sa, 1, "p")
 
-        engine.on_reset = hook
-        sched.submit_nowait(sa, 1, frame)
+        def drain_frame_1(prompt):
+            # b's prompt is prepared (its reset is next): a's frame 1 is drained meanwhile.
+            if prompt == "q":
+                engine.on_prepare = None
+                sched.submit_nowait(sa, 1, frame)
+
+        engine.on_reset, engine.on_prepare = hook, drain_frame_1
         sched.request_reset(sb, 1, "q")
         await trio.sleep(0.1)
         assert [(r.epoch, r.frame_index) for r in a.results] == [(0, 0), (1, 1)]

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import trio
 
 from ..model.engine import FRAME_MS, ModelEngine, SessionPrompt, StepOutput
-from .clock import REAL_TIME, Clock
+from .clock import INLINE, REAL_TIME, Clock, Executor, Threads, engine_executor
 from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
 
 __all__ = ["ResourceExhausted", "Scheduler", "SchedulerFailed", "SchedulerStatistics", "StepResult"]
@@ -58,15 +58,26 @@ class SchedulerStatistics:
 
 
 class Scheduler:
+    """``clock`` is the time source; ``executor`` runs ``engine.reset``/``engine.step`` (default:
+    inline under virtual time, else the engine's worker thread); ``prepare_executor`` runs
+    ``engine.prepare`` beside the steps (default: inline under virtual time, else a thread of
+    its own)."""
+
     def __init__(
         self,
         engine: ModelEngine,
         *,
         clock: Clock = REAL_TIME,
+        executor: Executor | None = None,
+        prepare_executor: Executor | None = None,
         max_batch_wait_ms: float = 20.0,
     ) -> None:
         self.engine = engine
         self.clock = clock
+        self.executor = executor or engine_executor(clock)
+        self.prepare_executor = prepare_executor or (
+            INLINE if clock.virtual else Threads(trio.CapacityLimiter(1))
+        )
         self.max_batch_wait = max_batch_wait_ms / 1000
         self.table = SlotTable(engine.slots)
         self._wake = trio.Event()
@@ -75,7 +86,6 @@ class Scheduler:
         self._nursery: trio.Nursery | None = None
         self._prepare_limiter = trio.Lock()
         self.step_failures = 0
-        self._prepare_threads = trio.CapacityLimiter(1)
         self.failed: BaseException | None = None
         # statistics
         self._ticks = 0
@@ -106,7 +116,7 @@ class Scheduler:
         entry = self.table.slots[slot]
         request = entry.pending_reset = (epoch, prompt)
         self._ready_resets.discard(slot)
-        if self.clock.virtual or prompt is None or self._nursery is None:
+        if prompt is None or self._nursery is None:
             self._ready_resets.add(slot)
             self._wake.set()
             return
@@ -119,7 +129,7 @@ class Scheduler:
             if self.table.slots[slot].pending_reset is not request:
                 return  # superseded (another update or epoch) before its turn: skip the work
             try:
-                await trio.to_thread.run_sync(self.engine.prepare, prompt, limiter=self._prepare_threads)
+                await self.prepare_executor.run(partial(self.engine.prepare, prompt))
             except Exception:  # the reset itself runs it again and reports the error
                 log.exception("preparing a prompt failed")
         if self.table.slots[slot].pending_reset is request:
@@ -212,7 +222,7 @@ class Scheduler:
             if request is not None and entry.index in self._ready_resets and not entry.releasing:
                 epoch, prompt = request
                 try:
-                    await self.clock.run(partial(self.engine.reset, entry.index, prompt))
+                    await self.executor.run(partial(self.engine.reset, entry.index, prompt))
                 except Exception as exc:  # e.g. an unreadable voice: that session ends, no other
                     log.exception("slot %d: reset failed", entry.index)
                     self._reset_failed(entry, exc)
@@ -224,7 +234,7 @@ class Scheduler:
                 self._resets += 1
             if entry.releasing:
                 # A plain reset, no prompt: cheap, and clears the occupant's state.
-                await self.clock.run(partial(self.engine.reset, entry.index, None))
+                await self.executor.run(partial(self.engine.reset, entry.index, None))
                 self._resets += 1
                 dropped = len(entry.frames)
                 if dropped:
@@ -263,7 +273,7 @@ class Scheduler:
             return
         started = self.clock.now()
         try:
-            outputs: Mapping[int, StepOutput] = await self.clock.run(lambda: self.engine.step(batch))
+            outputs: Mapping[int, StepOutput] = await self.executor.run(lambda: self.engine.step(batch))
         except Exception as exc:
             # One failed step ends the sessions that were in it (internal_error, close 1011);
             # their slots are reset when they release them, and the others go on.
