@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from .config import ConfigError
 from .model.engine import EngineDescription, EngineFamily, ModelEngine, SessionPrompt, StepOutput
 
 log = logging.getLogger(__name__)
@@ -68,11 +69,14 @@ class Faults:
             name, _, value = item.partition("=")
             if name == "step_stall":
                 path, _, ms = value.rpartition(":")
-                fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
+                try:
+                    fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
+                except ValueError:
+                    raise ConfigError(f"DUPLEX_FAULTS: step_stall wants PATH:MS, got {value!r}") from None
             elif name in ("step_raise", "fsync_error", "handler_raise") and value:
                 fields[name] = Path(value)
             else:
-                raise ValueError(f"DUPLEX_FAULTS: unknown fault {item!r}")
+                raise ConfigError(f"DUPLEX_FAULTS: unknown fault {item!r}")
         return cls(**fields)
 
     @classmethod

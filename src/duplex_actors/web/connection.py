@@ -23,11 +23,10 @@ import trio
 
 from ..faults import Faults
 from ..metrics import Counters
-from ..protocol import codec
 from ..protocol.errors import ProtocolError
-from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle
+from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle, SlotReservation
 from ..session import events as ev
-from .dialects import Dialect, OutboundMessage, Projection, WireMessage
+from .dialects import Dialect, Opening, OutboundMessage, Projection, WireMessage
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,6 @@ CLOSE_CODES = {
     "log_unavailable": 1011,
     "slow_consumer": 1011,
 }
-CONFIG_TIMEOUT_S = 10.0
 
 
 def capabilities(max_sessions: int) -> dict[str, Any]:
@@ -85,8 +83,10 @@ class Connection:
         idle_timeout_s: float,
         counters: Counters,
         faults: Faults | None = None,
+        reservation: SlotReservation | None = None,
     ) -> None:
         self.server = server
+        self.reservation = reservation  # the slot held at the handshake, if any
         self.transport = transport
         self.dialect = dialect
         self.idle_timeout_s = idle_timeout_s
@@ -119,19 +119,17 @@ class Connection:
         await self._close(close_code, code)
 
     # -- the connection --------------------------------------------------------------------------
-    async def run(
-        self,
-        first_message: WireMessage | None = None,
-        config: dict[str, Any] | None = None,
-        client_event_id: str | None = None,
-    ) -> None:
-        """Open the session (admission), then read and write until it closes."""
+    async def run(self, opening: Opening | None = None) -> None:
+        """Open the session (admission, or the slot reserved at the handshake), process the
+        opening's pending message, then read and write until the session closes."""
+        opening = opening or Opening()
         try:
             self.session = await self.server.open_session(
-                config or {},
+                opening.config,
                 dialect=self.dialect.name,
                 output=self.dialect.output,
-                client_event_id=client_event_id,
+                client_event_id=opening.client_event_id,
+                reservation=self.reservation,
             )
         except ResourceExhausted as exc:
             await self.refuse("resource_exhausted", str(exc), 1013)
@@ -145,8 +143,8 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer, projection)
-                if first_message is not None:
-                    await self._handle(first_message)
+                if opening.pending is not None:
+                    await self._handle(opening.pending)
                 await self._reader()
         except Exception:
             reason = "error"
@@ -215,4 +213,4 @@ class Connection:
             pass  # the session ended meanwhile (slow consumer, log failure): the writer closes
 
 
-__all__ = ["CONFIG_TIMEOUT_S", "Connection", "Transport", "capabilities", "codec"]
+__all__ = ["Connection", "Transport", "capabilities"]
