@@ -82,6 +82,7 @@ class ModelHolder:
         self.paused = False  # SIGUSR1: no new sessions, the live ones go on
         self.uploader: LogUploader | None = None
         self.connections: set[Connection] = set()
+        self._connections_changed = trio.Event()
         self.counters = Counters()
         self.faults = Faults.from_env()
 
@@ -210,6 +211,8 @@ class ModelHolder:
 
     def discard_connection(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self._connections_changed.set()
+        self._connections_changed = trio.Event()
 
     def count_connection_error(self, kind: str) -> None:
         self.counters.connection_errors[kind] += 1
@@ -224,11 +227,11 @@ class ModelHolder:
         with trio.move_on_after(timeout_s):
             # Sessions (and their logs) first: a connection whose client stopped reading can
             # stay blocked in a send for as long as TCP allows, so it only gets a short grace.
-            while self.server is not None and self.server.sessions:
-                await trio.sleep(0.01)
+            if self.server is not None:
+                await self.server.wait_no_sessions()
             with trio.move_on_after(CONNECTION_GRACE_S):
                 while self.connections:
-                    await trio.sleep(0.01)
+                    await self._connections_changed.wait()
             if self.uploader is not None:
                 await self.uploader.wait_idle()
 

@@ -38,7 +38,7 @@ from .log.writer import LogWriter, open_log_writer
 from .metrics import Counters
 from .model.engine import EngineDescription, ModelEngine
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
-from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock, Executor, io_executor
+from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .session import events as ev
 from .session.actor import SessionActor
 from .session.audio import encode_f32
@@ -168,10 +168,6 @@ class SlotReservation:
         self._scheduler = scheduler
         self.state = "held"  # held -> taken | released
 
-    @property
-    def held(self) -> bool:
-        return self.state == "held"
-
     def take(self) -> int:
         if self.state != "held":
             raise RuntimeError(f"the reservation of slot {self.slot} is {self.state}")
@@ -215,6 +211,7 @@ class DuplexServer:
         self._nursery = nursery
         self._session_ids = session_ids
         self.sessions: dict[str, SessionActor] = {}
+        self._session_ended = trio.Event()  # set (and replaced) whenever a session ends
         self.accepting = True
         self.not_accepting_reason = "the server is shutting down"
         self.logs_pruned = 0
@@ -327,11 +324,18 @@ class DuplexServer:
             await actor.run()
         finally:
             self.sessions.pop(actor.session_id, None)
+            self._session_ended.set()
+            self._session_ended = trio.Event()
             for listener in self.on_log_finished:
                 try:
                     listener(actor.session_id, actor.log.path)
                 except Exception:
                     logging.getLogger(__name__).exception("a log-finished listener failed")
+
+    async def wait_no_sessions(self) -> None:
+        """Return once no session is open (every open one has finished its log)."""
+        while self.sessions:
+            await self._session_ended.wait()
 
     async def aclose(self, reason: str = "server_shutdown") -> None:
         """Stop admitting, close every session with ``reason``, wait for their logs."""
@@ -339,10 +343,7 @@ class DuplexServer:
         actors = list(self.sessions.values())
         for actor in actors:
             if not actor.done.is_set():
-                try:
-                    actor.inbox.put_result_nowait(r.Close(reason))
-                except trio.ClosedResourceError:
-                    pass
+                actor.inbox.put_result_nowait(r.Close(reason))  # dropped by a closed inbox
         for actor in actors:
             await actor.done.wait()
 
@@ -422,7 +423,6 @@ async def open_duplex_server(
     *,
     log_dir: str | Path = "sessions",
     virtual_time: bool = False,
-    clock: Clock | None = None,
     max_batch_wait_ms: float = 20.0,
     limits: SessionLimits | None = None,
     outbox_size: int = 4096,
@@ -440,7 +440,7 @@ async def open_duplex_server(
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     """
-    clock = clock or (VIRTUAL_TIME if virtual_time else REAL_TIME)
+    clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     io = io_executor(clock)

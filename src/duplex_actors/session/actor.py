@@ -24,9 +24,8 @@ from .inbox import Inbox
 
 log = logging.getLogger(__name__)
 
-# How long a record may wait for room in the log writer's queue: 2 s in 5 ms steps.
-LOG_ROOM_WAIT_S = 0.005
-LOG_ROOM_RETRIES = 400
+# How long a record may wait for room in the log writer's queue before the session ends.
+LOG_ROOM_TIMEOUT_S = 2.0
 
 
 class SessionLogHandle(Protocol):
@@ -44,6 +43,10 @@ class SessionLogHandle(Protocol):
 
     def append_nowait(self, record: r.Record) -> object:
         """Queue a record; raises ``LogBackpressure`` when the writer's queue is full."""
+        ...
+
+    async def wait_for_room(self) -> None:
+        """Return once the writer's queue has room (or cannot take records any more)."""
         ...
 
     def close_nowait(self) -> None: ...
@@ -145,15 +148,16 @@ class SessionActor:
                 await self._finish()
 
     async def _append(self, record: r.Record) -> None:
-        """Queue a record for the log; when the writer's shared queue is full, wait (bounded)
-        for room rather than failing the session."""
-        for _ in range(LOG_ROOM_RETRIES):
-            try:
-                self.log.append_nowait(record)
-                return
-            except LogBackpressure:
-                await trio.sleep(LOG_ROOM_WAIT_S)
-        self.log.append_nowait(record)
+        """Queue a record for the log; when the writer's shared queue is full, wait (at most
+        ``LOG_ROOM_TIMEOUT_S``) for the writer to make room rather than failing the session."""
+        with trio.move_on_after(LOG_ROOM_TIMEOUT_S):
+            while True:
+                try:
+                    self.log.append_nowait(record)
+                    return
+                except LogBackpressure:
+                    await self.log.wait_for_room()
+        self.log.append_nowait(record)  # still full: LogBackpressure ends the session
 
     async def _handle(self, record: r.Record) -> None:
         if self.log_error is None:
