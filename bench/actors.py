@@ -22,10 +22,7 @@ delivery, and the hop of each step into a worker thread and back.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,19 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from machine import machine_line
+
 FRAME_SAMPLES = 1920
 TICK_MS = 80.0
-
-
-def machine_line() -> str:
-    import torch
-
-    return (
-        f"machine: {platform.platform()} ({platform.machine()}, {platform.processor() or '?'}), "
-        f"os.cpu_count()={os.cpu_count()}, python {platform.python_version()}, "
-        f"torch {torch.__version__} (threads per engine: 1), "
-        f"date {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}"
-    )
 
 
 def filesystem_of(path: Path) -> str:

@@ -13,10 +13,7 @@ and for ``prefill="burst"``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -26,6 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from machine import machine_line
+
 TICK_MS = 80.0
 PERSONA = (
     "You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way."
@@ -34,17 +33,6 @@ VOICE = "NATF2.pt"
 # Above this many milliseconds of expected stepping per batch size, time fewer steps.
 STEP_BUDGET_MS = 6000.0
 MIN_STEPS = 15
-
-
-def machine_line() -> str:
-    import torch
-
-    return (
-        f"machine: {platform.platform()} ({platform.machine()}, {platform.processor() or '?'}), "
-        f"os.cpu_count()={os.cpu_count()}, python {platform.python_version()}, "
-        f"torch {torch.__version__} (threads per engine: 1), "
-        f"date {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}"
-    )
 
 
 def frames_for(slots: int, rng: np.random.Generator) -> dict[int, np.ndarray]:

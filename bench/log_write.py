@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import encode_record
 from duplex_actors.log.writer import open_log_writer
+from machine import machine_line
 
 TICK_S = 0.080
 
@@ -116,10 +116,7 @@ def main() -> None:
     ticks = round(args.seconds / TICK_S)
     with tempfile.TemporaryDirectory(prefix="duplex-log-bench-", dir=args.dir) as tmp:
         directory = Path(tmp)
-        print(
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
-            f"Python {platform.python_version()}; log dir on {filesystem(directory)} ({directory.parent})."
-        )
+        print(f"{machine_line(libraries=())}; log dir on {filesystem(directory)} ({directory.parent}).")
         encode_us, write_us = per_frame(directory)
         print()
         print("| per frame (Step, 3840-byte pcm16) | µs |")

@@ -19,9 +19,6 @@ Every replay must be identical (asserted).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -34,20 +31,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from machine import machine_line
+
 SAMPLE_RATE = 24_000
 CHUNK_S = 0.08
 CHUNK_SAMPLES = 1920
-
-
-def machine_line() -> str:
-    import torch
-
-    return (
-        f"machine: {platform.platform()} ({platform.machine()}, {platform.processor() or '?'}), "
-        f"os.cpu_count()={os.cpu_count()}, python {platform.python_version()}, "
-        f"torch {torch.__version__} (threads per engine: 1), "
-        f"date {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}"
-    )
 
 
 def speech_like(seconds: float, seed: int = 7) -> np.ndarray:

@@ -41,11 +41,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -60,6 +58,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from machine import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -717,25 +717,9 @@ def fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def machine_lines() -> list[str]:
-    import torch
-
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        import moshi
-
-        moshi_v = moshi.__version__
-    except ImportError:
-        moshi_v = "-"
     return [
-        f"machine: {platform.platform()} ({platform.machine()}, {cpu}), os.cpu_count()={os.cpu_count()}, "
-        f"python {platform.python_version()}, torch {torch.__version__}, moshi {moshi_v}",
-        f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; load average "
-        f"before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        machine_line(torch_threads=None),
+        f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
 
 

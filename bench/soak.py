@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import random
 import re
 import signal
@@ -51,6 +50,7 @@ from duplex_actors.client.audio import FRAME_SAMPLES, EncodedAudio, encode_audio
 from duplex_actors.client.connection import open_duplex_client
 from duplex_actors.client.errors import DuplexError, ResourceExhausted
 from duplex_actors.client.events import AudioDelta, Error, ServerEvent
+from machine import machine_line
 
 FRAME_S = 0.08
 BIN = Path(sys.executable).parent
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     first = report["first_load_sample"] or start
     summary = {
         "command": "bench/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        "machine": machine_line(libraries=()),
         "started": started,
         "minutes": args.minutes,
         "lanes": args.sessions,

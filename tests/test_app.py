@@ -1,8 +1,10 @@
-"""``duplex-actors serve`` as a user starts it: a real process on a real port."""
+"""``duplex-actors serve`` as a user starts it: a real process on a real port; and the app
+module's entries (lazy ``app``, the ``create_app()`` factory, bad ``DUPLEX_*`` values)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -11,6 +13,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from duplex_actors.replay.replayer import replay_logic
 
@@ -37,6 +41,8 @@ def test_serve_reaches_ready_with_a_warm_up_session_and_stops_on_sigterm(tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # serve takes its settings from its flags: a bad variable of the hypercorn entry is ignored.
+        env={**os.environ, "DUPLEX_MAX_SESSIONS": "abc"},
     )
     try:
         deadline = time.monotonic() + 60
@@ -67,3 +73,61 @@ def test_serve_reaches_ready_with_a_warm_up_session_and_stops_on_sigterm(tmp_pat
     (log,) = (tmp_path / "logs").glob("*.dlog")
     report = replay_logic(log)
     assert report.complete and report.identical and report.frames_out == 3
+
+
+@pytest.mark.parametrize("entry", ["duplex_actors.app:app", "duplex_actors.app:create_app()"])
+def test_a_bad_duplex_variable_stops_hypercorn_with_one_line_naming_it(tmp_path, entry):
+    exe = str(Path(sys.executable).with_name("hypercorn"))
+    proc = subprocess.run(
+        [exe, "-k", "trio", "--bind", f"127.0.0.1:{free_port()}", entry],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "DUPLEX_MAX_SESSIONS": "abc"},
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert out.strip().splitlines() == ["duplex-actors: DUPLEX_MAX_SESSIONS='abc': expected an integer"], out
+
+
+def test_importing_the_app_module_reads_no_variable_and_patches_nothing():
+    script = """
+import os
+from hypercorn.protocol import ws_stream
+from hypercorn.trio import tcp_server
+originals = (ws_stream.Handshake.__init__, ws_stream.WSStream._handle_events, tcp_server.TCPServer.run)
+patched = lambda: (ws_stream.Handshake.__init__, ws_stream.WSStream._handle_events, tcp_server.TCPServer.run)
+
+import duplex_actors.app as module  # DUPLEX_MAX_SESSIONS=abc: reading it would raise
+
+assert patched() == originals, "hypercorn patched at import"
+assert not module.app.loaded
+os.environ["DUPLEX_MAX_SESSIONS"] = "3"
+guarded = module.app.load()  # what hypercorn's first ASGI call does
+assert isinstance(guarded, module.DuplexApp) and guarded.holder.config.max_sessions == 3
+assert all(now is not before for now, before in zip(patched(), originals)), "not patched on first use"
+print("ok")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DUPLEX_MAX_SESSIONS": "abc"},
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_hypercorns_factory_form_gives_the_guarded_app(tmp_path, monkeypatch):
+    from hypercorn.utils import load_application
+
+    from duplex_actors.app import DuplexApp, LazyApp
+    from duplex_actors.web.hardening import GuardedApp
+
+    monkeypatch.setenv("DUPLEX_LOG_DIR", str(tmp_path))
+    monkeypatch.setenv("DUPLEX_MAX_SESSIONS", "3")
+    factory = load_application("duplex_actors.app:create_app()", 0).app
+    assert isinstance(factory, DuplexApp) and isinstance(factory, GuardedApp)
+    assert factory.holder.config.max_sessions == 3
+    lazy = load_application("duplex_actors.app:app", 0).app
+    assert isinstance(lazy, LazyApp) and isinstance(lazy.load(), DuplexApp)

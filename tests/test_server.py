@@ -122,13 +122,17 @@ async def test_cancel_starts_a_new_epoch_and_carries_waiting_frames(parrot_engin
     events: list = []
     async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
         s = await server.open_session()
+        # A second, silent session makes the scheduler hold s's frames for max_batch_wait_ms
+        # (a partial batch), so the cancel below lands before they are stepped, although
+        # every command is a checkpoint that lets the session and the scheduler run.
+        await server.open_session()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(collect, s, events)
             frames = session_audio(40, 8)
             for f in frames[:3]:
                 await s.append(f)
                 await trio.sleep(0.08)
-            # Two frames drained, then a cancel before the scheduler sees them.
+            # Two frames drained, then a cancel before the scheduler steps them.
             await s.append(np.concatenate(frames[3:5]))
             await s.cancel(client_event_id="c1")
             await trio.sleep(0.5)
@@ -268,3 +272,26 @@ async def test_a_failed_reset_ends_only_that_session(parrot_engine, tmp_path, au
     assert sum(isinstance(e, ev.AudioFrame) for e in other_events) == 4
     assert server.scheduler.table.in_use == 0
     assert replay_logic(tmp_path / f"{bad.session_id}.dlog").identical
+
+
+async def test_wait_no_sessions_returns_when_the_last_session_has_finished_its_log(
+    parrot_engine, tmp_path, autojump_clock
+):
+    async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
+        await server.wait_no_sessions()  # none open: at once
+        a, b = await server.open_session(), await server.open_session()
+        done = trio.Event()
+
+        async def wait() -> None:
+            await server.wait_no_sessions()
+            done.set()
+
+        server._nursery.start_soon(wait)
+        await a.close()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not done.is_set()  # b is still open
+        await b.close()
+        with trio.fail_after(1):
+            await done.wait()
+        assert not server.sessions
+        assert read_log(tmp_path / f"{b.session_id}.dlog").records[-1][1].__class__ is r.End

@@ -1,13 +1,26 @@
 """The app: ``hypercorn -k trio duplex_actors.app:app`` or ``duplex-actors serve``.
 
+Entries, all the same guarded ASGI app (:func:`create_app`):
+
+- ``hypercorn -k trio duplex_actors.app:app``: ``app`` is a :class:`LazyApp`. Importing this
+  module reads no ``DUPLEX_*`` variable and patches nothing in hypercorn; the app is built on
+  its first ASGI call (hypercorn's lifespan start-up). hypercorn looks ``app`` up with
+  ``eval(name, vars(module))``, which a module ``__getattr__`` never sees, so the lazy object
+  is what the module holds.
+- ``hypercorn -k trio "duplex_actors.app:create_app()"``: hypercorn's factory form.
+- ``duplex-actors serve``: ``create_app(config)`` with the config from its flags.
+
+A bad ``DUPLEX_*`` value stops the process with one line naming the variable.
+
 At start-up it loads the model in a worker thread, starts the in-process duplex server
 (scheduler actor, log writer, log retention) and warms it up with one silent session through
 the real path before ``/ready`` turns 200.
 
-Routes: ``WS /v1/realtime`` (OpenAI Realtime projection; ``?duplex=1`` accepted, ``?model=``
-checked, ``?autostart=0`` waits for the first message), ``WS /v1/duplex`` (native dialect),
-``GET /health``, ``GET /ready``, ``GET /v1/models``, ``GET /metrics`` and
-``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat completions).
+Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime projection;
+``?duplex=1`` accepted, ``?model=`` checked, ``?autostart=0`` waits for the first message),
+``WS /v1/duplex`` (native dialect), ``GET /health``, ``GET /ready``, ``GET /v1/models``,
+``GET /metrics`` and ``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat
+completions); the browser page's routes come from ``web/page.py``.
 
 Scale-out (docs/scaling.md): ``agent_port`` answers HAProxy's agent checks; ``admission_refusal
 = "http"`` reserves a slot at the handshake and refuses a full server's upgrade with HTTP 503 +
@@ -20,32 +33,40 @@ Scale-out (docs/scaling.md): ``agent_port`` answers HAProxy's agent checks; ``ad
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
-from quart import Response, jsonify, websocket
+from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
 from .audio import FRAME_SAMPLES
-from .config import ServerConfig
+from .config import ConfigError, ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
+from .model.engine import ModelEngine
+from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
-from .server import LogUnavailable, ResourceExhausted
+from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
-from .web.connection import CONFIG_TIMEOUT_S, Connection, Transport, capabilities
-from .web.dialects import NativeDialect, RealtimeDialect
+from .web.connection import Connection, Transport, capabilities
+from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
 from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
 from .web.page import install_page_routes
 
-log = logging.getLogger("duplex_actors")
+if TYPE_CHECKING:
+    from .scaleout.upload import LogUploader
 
+log = logging.getLogger("duplex_actors")
 
 # After every session has closed, how long connections get to flush their last frames.
 CONNECTION_GRACE_S = 0.5
+RETRY_AFTER_S = 1
 
 
 class ModelHolder:
@@ -53,24 +74,20 @@ class ModelHolder:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.engine: Any = None
-        self.server: Any = None
+        self.engine: ModelEngine | None = None
+        self.server: DuplexServer | None = None
         self.error: str | None = None
         self.loaded_at: float | None = None
         self.warmup_ms: float | None = None
         self.draining = False
         self.paused = False  # SIGUSR1: no new sessions, the live ones go on
-        self.uploader: Any = None
+        self.uploader: LogUploader | None = None
         self.connections: set[Connection] = set()
-        self.idle = trio.Event()
+        self._connections_changed = trio.Event()
         self.counters = Counters()
         self.faults = Faults.from_env()
 
-    @property
-    def model_id(self) -> str:
-        return self.config.model
-
-    def load(self) -> Any:
+    def load(self) -> ModelEngine:
         from .model.factory import open_engine
 
         cfg = self.config
@@ -87,6 +104,23 @@ class ModelHolder:
             self.faults.install_fsync_fault()
             return FaultyEngine(engine, self.faults)
         return engine
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """At the app's start-up: serve the model in ``nursery``; the agent responder too."""
+        nursery.start_soon(self._serve)
+        cfg = self.config
+        if cfg.agent_port is not None:
+            await nursery.start(serve_agent, lambda: agent_status(self), cfg.agent_port, cfg.agent_host)
+            log.info("HAProxy agent-check responder on %s:%d", cfg.agent_host, cfg.agent_port)
+
+    async def _serve(self) -> None:
+        try:
+            await self.run()
+        except Exception as exc:  # reported by /health and /ready
+            log.exception("serving model %s failed", self.config.model)
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.engine = self.server = None
 
     async def run(self) -> None:
         """Load, serve the in-process server until cancelled; /ready is 200 in between."""
@@ -126,7 +160,9 @@ class ModelHolder:
             self.loaded_at = time.time()
             await trio.sleep_forever()
 
-    async def _upload_logs(self, server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _upload_logs(
+        self, server: DuplexServer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         from .scaleout.s3 import parse_s3_url
         from .scaleout.upload import LogUploader
 
@@ -171,6 +207,17 @@ class ModelHolder:
         self._apply_admission()
         return True
 
+    def add_connection(self, conn: Connection) -> None:
+        self.connections.add(conn)
+
+    def discard_connection(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self._connections_changed.set()
+        self._connections_changed = trio.Event()
+
+    def count_connection_error(self, kind: str) -> None:
+        self.counters.connection_errors[kind] += 1
+
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Stop admitting (``/ready`` 503), close every session with ``session.closing`` and 1012,
         wait for their logs, and for their uploads with ``--log-upload`` (at most ``timeout_s``)."""
@@ -181,283 +228,308 @@ class ModelHolder:
         with trio.move_on_after(timeout_s):
             # Sessions (and their logs) first: a connection whose client stopped reading can
             # stay blocked in a send for as long as TCP allows, so it only gets a short grace.
-            while self.server is not None and self.server.sessions:
-                await trio.sleep(0.01)
+            if self.server is not None:
+                await self.server.wait_no_sessions()
             with trio.move_on_after(CONNECTION_GRACE_S):
                 while self.connections:
-                    await trio.sleep(0.01)
+                    await self._connections_changed.wait()
             if self.uploader is not None:
                 await self.uploader.wait_idle()
 
 
-RETRY_AFTER_S = 1
+# -- routes ---------------------------------------------------------------------------------------
+routes = Blueprint("duplex", __name__)
 
 
-class _ReservedServer:
-    """The server as one connection sees it: its ``open_session`` takes the slot reserved at the
-    handshake (``admission_refusal="http"``)."""
-
-    def __init__(self, server: Any, reservation: Any) -> None:
-        self._server = server
-        self._reservation = reservation
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._server, name)
-
-    async def open_session(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("reservation", self._reservation)
-        return await self._server.open_session(*args, **kwargs)
+def _holder() -> ModelHolder:
+    holder: ModelHolder = current_app.extensions["duplex_model"]
+    return holder
 
 
-def _headers() -> dict[str, str]:
-    return {k.lower(): v for k, v in websocket.headers.items()}
+@routes.get("/health")
+async def health() -> Any:
+    holder = _holder()
+    failed = holder.error or (holder.server is not None and holder.server.scheduler.failed is not None)
+    if failed:
+        return jsonify({"status": "unhealthy", "error": holder.error or "the model scheduler failed"}), 503
+    return jsonify({"status": "healthy"})
 
 
-def create_app(config: ServerConfig | None = None) -> QuartTrio:
-    config = config or ServerConfig.from_env()
-    refuse_permessage_deflate()
-    end_oversize_streams()
+@routes.get("/ready")
+async def ready() -> Any:
+    holder = _holder()
+    model = holder.config.model
+    engine, server = holder.engine, holder.server
+    draining = holder.draining or holder.paused
+    if engine is None or server is None or draining or not server.writer.healthy:
+        body: dict[str, Any] = {"ready": False, "model": model, "draining": draining}
+        if holder.error:
+            body["error"] = holder.error
+        if server is not None and not server.writer.healthy:
+            body["error"] = "a session log could not be written"
+        return jsonify(body), 503
+    return jsonify(
+        {
+            "ready": True,
+            "model": model,
+            "family": engine.family.name,
+            "slots_total": engine.slots,
+            "slots_free": server.scheduler.table.free,
+            "warmup_ms": round(holder.warmup_ms or 0, 1),
+        }
+    )
+
+
+@routes.get("/v1/models")
+async def models() -> Any:
+    holder = _holder()
+    created = int(holder.loaded_at or time.time())
+    return jsonify(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": holder.config.model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "duplex-actors",
+                }
+            ],
+        }
+    )
+
+
+@routes.get("/metrics")
+async def metrics() -> Any:
+    holder = _holder()
+    server = holder.server
+    text = render(
+        counters=holder.counters,
+        scheduler=server.scheduler if server is not None else None,
+        writer=server.writer if server is not None else None,
+        sessions_active=len(server.sessions) if server is not None else 0,
+        recovered_logs=len(server.recovered_logs) if server is not None else 0,
+        uploader=holder.uploader,
+    )
+    return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions() -> Any:
+    model = _holder().config.model
+    return jsonify(
+        {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "unsupported_endpoint",
+                "message": (
+                    f"{model} is a full-duplex speech model that listens and speaks in "
+                    "lockstep (80 ms in, 80 ms out); it has no chat completions. Open a "
+                    "WebSocket to /v1/realtime?duplex=1 (OpenAI Realtime) or /v1/duplex."
+                ),
+                "param": None,
+            }
+        }
+    ), 400
+
+
+@routes.websocket("/v1/realtime")
+async def realtime_ws() -> Any:
+    return await _websocket("realtime")
+
+
+@routes.websocket("/v1/duplex")
+async def native_ws() -> Any:
+    return await _websocket("native")
+
+
+def _refuse_http(holder: ModelHolder, code: str, message: str, *, retry: bool = True) -> Any:
+    holder.counters.refused[code] += 1
+    kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
+    body = jsonify({"error": {"type": kind, "code": code, "message": message}})
+    if retry:
+        return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
+    return body, 503
+
+
+async def _websocket(dialect_name: str) -> Any:
+    """Authenticate and admit before the upgrade (HTTP refusals), then run the connection."""
+    holder = _holder()
+    config = holder.config
+    headers = {k.lower(): v for k, v in websocket.headers.items()}
+    subprotocols = list(websocket.requested_subprotocols)
+    refusal = auth.check(
+        api_key=config.api_key,
+        allowed_origins=config.allowed_origins,
+        headers=headers,
+        subprotocols=subprotocols,
+    )
+    if refusal is not None:
+        holder.counters.refused[refusal.code] += 1
+        body = {"error": {"type": "invalid_request_error", "code": refusal.code, "message": refusal.message}}
+        return jsonify(body), refusal.status
+    server = holder.server
+    http_refusal = config.admission_refusal == "http"
+    if server is None or holder.draining:
+        return _refuse_http(holder, "not_ready", "the server is not ready", retry=http_refusal)
+    reservation: SlotReservation | None = None
+    if http_refusal:
+        # Reserve the slot before the upgrade: refused here, a proxy can try another server.
+        if holder.paused:
+            return _refuse_http(holder, "draining", "the server is draining: it takes no new sessions")
+        try:
+            reservation = server.reserve()
+        except (ResourceExhausted, LogUnavailable, SchedulerFailed) as exc:
+            return _refuse_http(holder, exc.code, str(exc))
+    try:
+        dialect = _dialect(dialect_name, config, server.engine.slots, headers, subprotocols)
+        await _run_connection(holder, server, dialect, reservation, subprotocols)
+    finally:
+        if reservation is not None:
+            reservation.release()  # no-op once the session took it
+    return None
+
+
+def _dialect(
+    name: str, config: ServerConfig, slots: int, headers: dict[str, str], subprotocols: list[str]
+) -> Dialect:
+    if name == "realtime":
+        return RealtimeDialect(
+            model=config.model,
+            capabilities=capabilities(slots),
+            beta="realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols,
+            autostart=websocket.args.get("autostart", "1") != "0",
+            max_message_bytes=config.max_message_bytes,
+        )
+    return NativeDialect(capabilities=capabilities(slots), max_message_bytes=config.max_message_bytes)
+
+
+async def _run_connection(
+    holder: ModelHolder,
+    server: DuplexServer,
+    dialect: Dialect,
+    reservation: SlotReservation | None,
+    subprotocols: list[str],
+) -> None:
+    await websocket.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
+    transport = Transport(
+        websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
+    )
+    conn = Connection(
+        server,
+        transport,
+        dialect=dialect,
+        idle_timeout_s=holder.config.idle_timeout_s,
+        counters=holder.counters,
+        faults=holder.faults,
+        reservation=reservation,
+    )
+    holder.add_connection(conn)
+    try:
+        await _open_and_run(conn, dialect, holder.config.model)
+    except Exception:
+        log.exception("connection failed")
+        holder.counters.connection_errors["handler"] += 1
+        with trio.CancelScope(shield=True):
+            try:
+                await conn.refuse("internal_error", "the server failed on this connection", 1011)
+            except Exception:
+                pass
+    finally:
+        holder.discard_connection(conn)
+
+
+async def _open_and_run(conn: Connection, dialect: Dialect, model: str) -> None:
+    if dialect.name == "realtime":
+        wanted = websocket.args.get("model")
+        if wanted and wanted != model:
+            await conn.refuse("model_not_found", f"this server serves {model!r}, not {wanted!r}", 1008)
+            return
+    try:
+        opening = await read_opening(dialect, websocket.receive)
+    except ProtocolError as err:
+        await conn.refuse(err.code, err.message, 1008, err.client_event_id)
+        return
+    await conn.run(opening)
+
+
+# -- the app ----------------------------------------------------------------------------------------
+def create_quart_app(config: ServerConfig) -> QuartTrio:
+    """The bare QuartTrio app, without the per-connection guard of :func:`create_app` (for
+    quart's test client); patches nothing."""
     app = QuartTrio("duplex_actors")
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     holder = ModelHolder(config)
     app.extensions["duplex_model"] = holder
+    app.register_blueprint(routes)
+    install_page_routes(app, holder, config)
 
     @app.before_serving
-    async def _start() -> None:
-        async def run() -> None:
-            try:
-                await holder.run()
-            except Exception as exc:  # reported by /health and /ready
-                log.exception("serving model %s failed", config.model)
-                holder.error = f"{type(exc).__name__}: {exc}"
-            finally:
-                holder.engine = holder.server = None
+    async def start() -> None:
+        await holder.start(app.nursery)
 
-        app.nursery.start_soon(run)
-        if config.agent_port is not None:
-            await app.nursery.start(
-                serve_agent, lambda: agent_status(holder), config.agent_port, config.agent_host
-            )
-            log.info("HAProxy agent-check responder on %s:%d", config.agent_host, config.agent_port)
-
-    @app.get("/health")
-    async def health() -> Any:
-        failed = holder.error or (holder.server is not None and holder.server.scheduler.failed is not None)
-        if failed:
-            return jsonify(
-                {"status": "unhealthy", "error": holder.error or "the model scheduler failed"}
-            ), 503
-        return jsonify({"status": "healthy"})
-
-    @app.get("/ready")
-    async def ready() -> Any:
-        engine, server = holder.engine, holder.server
-        draining = holder.draining or holder.paused
-        if engine is None or server is None or draining or not server.writer.healthy:
-            body: dict[str, Any] = {"ready": False, "model": config.model, "draining": draining}
-            if holder.error:
-                body["error"] = holder.error
-            if server is not None and not server.writer.healthy:
-                body["error"] = "a session log could not be written"
-            return jsonify(body), 503
-        return jsonify(
-            {
-                "ready": True,
-                "model": config.model,
-                "family": engine.family.name,
-                "slots_total": engine.slots,
-                "slots_free": server.scheduler.table.free,
-                "warmup_ms": round(holder.warmup_ms or 0, 1),
-            }
-        )
-
-    @app.get("/v1/models")
-    async def models() -> Any:
-        created = int(holder.loaded_at or time.time())
-        return jsonify(
-            {
-                "object": "list",
-                "data": [
-                    {"id": config.model, "object": "model", "created": created, "owned_by": "duplex-actors"}
-                ],
-            }
-        )
-
-    @app.get("/metrics")
-    async def metrics() -> Any:
-        server = holder.server
-        text = render(
-            counters=holder.counters,
-            scheduler=server.scheduler if server is not None else None,
-            writer=server.writer if server is not None else None,
-            sessions_active=len(server.sessions) if server is not None else 0,
-            recovered_logs=len(server.recovered_logs) if server is not None else 0,
-            uploader=holder.uploader,
-        )
-        return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions() -> Any:
-        return jsonify(
-            {
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "unsupported_endpoint",
-                    "message": (
-                        f"{config.model} is a full-duplex speech model that listens and speaks in "
-                        "lockstep (80 ms in, 80 ms out); it has no chat completions. Open a "
-                        "WebSocket to /v1/realtime?duplex=1 (OpenAI Realtime) or /v1/duplex."
-                    ),
-                    "param": None,
-                }
-            }
-        ), 400
-
-    async def _websocket(dialect_name: str) -> Any:
-        headers = _headers()
-        subprotocols = list(websocket.requested_subprotocols)
-        refusal = auth.check(
-            api_key=config.api_key,
-            allowed_origins=config.allowed_origins,
-            headers=headers,
-            subprotocols=subprotocols,
-        )
-        if refusal is not None:
-            holder.counters.refused[refusal.code] += 1
-            body = {
-                "error": {"type": "invalid_request_error", "code": refusal.code, "message": refusal.message}
-            }
-            return jsonify(body), refusal.status
-        server = holder.server
-        http_refusal = config.admission_refusal == "http"
-        if server is None or holder.draining:
-            return _refuse_http("not_ready", "the server is not ready", retry=http_refusal)
-        reservation = None
-        if http_refusal:
-            # Reserve the slot before the upgrade: refused here, a proxy can try another server.
-            if holder.paused:
-                return _refuse_http("draining", "the server is draining: it takes no new sessions")
-            try:
-                reservation = server.reserve()
-            except (ResourceExhausted, LogUnavailable, SchedulerFailed) as exc:
-                return _refuse_http(getattr(exc, "code", "resource_exhausted"), str(exc))
-        try:
-            return await _accept_and_run(server, reservation, dialect_name, headers, subprotocols)
-        finally:
-            if reservation is not None:
-                reservation.release()  # no-op once the session took it
-
-    def _refuse_http(code: str, message: str, *, retry: bool = True) -> Any:
-        holder.counters.refused[code] += 1
-        kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
-        body = jsonify({"error": {"type": kind, "code": code, "message": message}})
-        if retry:
-            return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
-        return body, 503
-
-    async def _accept_and_run(
-        server: Any, reservation: Any, dialect_name: str, headers: dict[str, str], subprotocols: list[str]
-    ) -> Any:
-        if dialect_name == "realtime":
-            beta = "realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols
-            dialect: Any = RealtimeDialect(
-                model=config.model,
-                capabilities=capabilities(server.engine.slots),
-                beta=beta,
-                max_message_bytes=config.max_message_bytes,
-            )
-        else:
-            dialect = NativeDialect(
-                capabilities=capabilities(server.engine.slots), max_message_bytes=config.max_message_bytes
-            )
-        await websocket.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
-        transport = Transport(
-            websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
-        )
-        conn = Connection(
-            server if reservation is None else cast(Any, _ReservedServer(server, reservation)),
-            transport,
-            dialect=dialect,
-            idle_timeout_s=config.idle_timeout_s,
-            counters=holder.counters,
-            faults=holder.faults,
-        )
-        holder.connections.add(conn)
-        try:
-            await _open_and_run(conn, dialect, dialect_name)
-        except Exception:
-            log.exception("connection failed")
-            holder.counters.connection_errors["handler"] += 1
-            with trio.CancelScope(shield=True):
-                try:
-                    await conn.refuse("internal_error", "the server failed on this connection", 1011)
-                except Exception:
-                    pass
-        finally:
-            holder.connections.discard(conn)
-        return None
-
-    async def _open_and_run(conn: Connection, dialect: Any, dialect_name: str) -> None:
-        from .protocol.errors import ProtocolError
-
-        args = request_args()
-        if dialect_name == "realtime":
-            wanted = args.get("model")
-            if wanted and wanted != config.model:
-                await conn.refuse(
-                    "model_not_found", f"this server serves {config.model!r}, not {wanted!r}", 1008
-                )
-                return
-            if args.get("autostart", "1") == "0":
-                with trio.move_on_after(CONFIG_TIMEOUT_S) as cs:
-                    data = await websocket.receive()
-                if cs.cancelled_caught:
-                    await conn.refuse("config_timeout", f"no message within {CONFIG_TIMEOUT_S:.0f} s", 1008)
-                    return
-                cfg, rest, event_id = dialect.first_message(data)
-                await conn.run(first_message=rest, config=cfg, client_event_id=event_id)
-                return
-            await conn.run()
-            return
-        with trio.move_on_after(CONFIG_TIMEOUT_S) as cs:
-            data = await websocket.receive()
-        if cs.cancelled_caught:
-            await conn.refuse("config_timeout", f"send session.create within {CONFIG_TIMEOUT_S:.0f} s", 1008)
-            return
-        try:
-            cfg, _, event_id = dialect.first_message(data)
-        except ProtocolError as err:
-            await conn.refuse(err.code, err.message, 1008, err.client_event_id)
-            return
-        await conn.run(config=cfg, client_event_id=event_id)
-
-    def request_args() -> dict[str, str]:
-        return {k: v for k, v in websocket.args.items()}
-
-    @app.websocket("/v1/realtime")
-    async def realtime_ws() -> Any:
-        return await _websocket("realtime")
-
-    @app.websocket("/v1/duplex")
-    async def native_ws() -> Any:
-        return await _websocket("native")
-
-    install_page_routes(app, holder, config)
     return app
 
 
-def create_asgi_app(config: ServerConfig | None = None) -> GuardedApp:
-    quart_app = create_app(config)
+class DuplexApp(GuardedApp):
+    """The guarded ASGI app, with its :class:`ModelHolder` (drain, pause) and Quart app."""
+
+    def __init__(self, quart_app: QuartTrio, holder: ModelHolder) -> None:
+        super().__init__(quart_app, holder.count_connection_error)
+        self.quart_app = quart_app
+        self.holder = holder
+
+
+def create_app(config: ServerConfig | None = None) -> DuplexApp:
+    """The app hypercorn serves (``duplex_actors.app:create_app()``), guarded per connection,
+    with hypercorn's hardening applied (process-wide, idempotent).
+
+    Without ``config`` it reads the ``DUPLEX_*`` variables, and a bad one exits (SystemExit)
+    with one line naming it: this is the process's entry. With ``config`` a bad setting raises
+    :class:`~duplex_actors.config.ConfigError`.
+    """
+    if config is None:
+        try:
+            return _guarded(ServerConfig.from_env())
+        except ConfigError as exc:
+            raise SystemExit(f"duplex-actors: {exc}") from None
+    return _guarded(config)
+
+
+def _guarded(config: ServerConfig) -> DuplexApp:
+    quart_app = create_quart_app(config)
     holder: ModelHolder = quart_app.extensions["duplex_model"]
-
-    def on_error(kind: str) -> None:
-        holder.counters.connection_errors[kind] += 1
-
-    guard_connections(on_error)
-    guarded = GuardedApp(quart_app, on_error)
-    guarded.holder = holder  # type: ignore[attr-defined]
-    guarded.quart_app = quart_app  # type: ignore[attr-defined]
-    return guarded
+    refuse_permessage_deflate()
+    end_oversize_streams()
+    guard_connections(holder.count_connection_error)
+    return DuplexApp(quart_app, holder)
 
 
-app = create_asgi_app()
+class LazyApp:
+    """``duplex_actors.app:app``: builds ``factory()`` on its first ASGI call."""
+
+    def __init__(self, factory: Callable[[], DuplexApp]) -> None:
+        self._factory = factory
+        self._app: DuplexApp | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._app is not None
+
+    def load(self) -> DuplexApp:
+        if self._app is None:
+            self._app = self._factory()
+        return self._app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            app = self.load()
+        except SystemExit as exc:
+            # A bad DUPLEX_* value. Raised here, inside hypercorn's trio worker, it would end in
+            # an exception-group traceback and exit status 0: say it in one line and stop.
+            print(exc.code, file=sys.stderr, flush=True)
+            os._exit(2)
+        await app(scope, receive, send)
+
+
+app = LazyApp(create_app)

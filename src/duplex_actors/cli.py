@@ -22,7 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
     from hypercorn.trio import serve
 
-    from .app import create_asgi_app
+    from .app import create_app
     from .config import ServerConfig
     from .web.hardening import HardenedConfig
 
@@ -57,8 +57,8 @@ def _serve(args: argparse.Namespace) -> int:
     hyper.graceful_timeout = 1.0
 
     async def main() -> None:
-        app = create_asgi_app(config)
-        holder = app.holder  # type: ignore[attr-defined]
+        app = create_app(config)
+        holder = app.holder
         stop = trio.Event()
 
         async def on_signals() -> None:
@@ -219,11 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .config import ConfigError
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except FileExistsError as exc:
+    except (FileExistsError, ConfigError) as exc:
         print(f"duplex-actors: {exc}", file=sys.stderr)
         return 2
 

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import attrs
 
-
-def _opt_float(value: str | None) -> float | None:
-    return float(value) if value else None
+T = TypeVar("T")
 
 
-def _opt_int(value: str | None) -> int | None:
-    return int(value) if value else None
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it and fits on one line."""
 
 
 ADMISSION_REFUSALS = ("inband", "http")
+
+
+def _parse(env: Mapping[str, str], name: str, kind: Callable[[str], T], what: str) -> T | None:
+    """``env[name]`` converted by ``kind``, None when unset or empty; ConfigError naming it."""
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r}: expected {what}") from None
 
 
 @attrs.frozen(slots=True)
@@ -47,29 +58,46 @@ class ServerConfig:
             raise ValueError(f"admission_refusal must be one of {ADMISSION_REFUSALS}")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ServerConfig:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:
+        """The settings of the hypercorn entry; a bad value raises :class:`ConfigError` naming
+        its variable. Unset or empty variables keep their defaults."""
         env = dict(os.environ if env is None else env)
+        default = cls()
+
+        def integer(name: str, fallback: int) -> int:
+            value = _parse(env, name, int, "an integer")
+            return fallback if value is None else value
+
+        def number(name: str, fallback: float) -> float:
+            value = _parse(env, name, float, "a number")
+            return fallback if value is None else value
+
+        refusal = env.get("DUPLEX_ADMISSION_REFUSAL") or default.admission_refusal
+        if refusal not in ADMISSION_REFUSALS:
+            raise ConfigError(
+                f"DUPLEX_ADMISSION_REFUSAL={refusal!r}: expected one of {', '.join(ADMISSION_REFUSALS)}"
+            )
         return cls(
-            model=env.get("DUPLEX_MODEL", "tiny"),
+            model=env.get("DUPLEX_MODEL", default.model),
             revision=env.get("DUPLEX_MODEL_REVISION") or None,
             family=env.get("DUPLEX_FAMILY") or None,
-            max_sessions=int(env.get("DUPLEX_MAX_SESSIONS", "8")),
-            device=env.get("DUPLEX_DEVICE", "cpu"),
-            torch_threads=int(env.get("DUPLEX_TORCH_THREADS", "1")),
-            log_dir=env.get("DUPLEX_LOG_DIR", "sessions"),
-            log_max_age_s=_opt_float(env.get("DUPLEX_LOG_MAX_AGE")),
-            log_max_bytes=_opt_int(env.get("DUPLEX_LOG_MAX_BYTES")),
+            max_sessions=integer("DUPLEX_MAX_SESSIONS", default.max_sessions),
+            device=env.get("DUPLEX_DEVICE", default.device),
+            torch_threads=integer("DUPLEX_TORCH_THREADS", default.torch_threads),
+            log_dir=env.get("DUPLEX_LOG_DIR", default.log_dir),
+            log_max_age_s=_parse(env, "DUPLEX_LOG_MAX_AGE", float, "a number of seconds"),
+            log_max_bytes=_parse(env, "DUPLEX_LOG_MAX_BYTES", int, "an integer (bytes)"),
             api_key=env.get("DUPLEX_API_KEY") or None,
             allowed_origins=tuple(
                 o.strip() for o in env.get("DUPLEX_ALLOWED_ORIGINS", "").split(",") if o.strip()
             ),
-            idle_timeout_s=float(env.get("DUPLEX_IDLE_TIMEOUT", "300")),
-            input_buffer_bytes=int(env.get("DUPLEX_INPUT_BUFFER_BYTES", str(16 * 1024 * 1024))),
-            outbox_events=int(env.get("DUPLEX_OUTBOX_EVENTS", "4096")),
-            max_message_bytes=int(env.get("DUPLEX_MAX_MESSAGE_BYTES", str(16 * 1024 * 1024))),
-            agent_port=_opt_int(env.get("DUPLEX_AGENT_PORT")),
-            agent_host=env.get("DUPLEX_AGENT_HOST", "127.0.0.1"),
-            admission_refusal=env.get("DUPLEX_ADMISSION_REFUSAL", "inband"),
+            idle_timeout_s=number("DUPLEX_IDLE_TIMEOUT", default.idle_timeout_s),
+            input_buffer_bytes=integer("DUPLEX_INPUT_BUFFER_BYTES", default.input_buffer_bytes),
+            outbox_events=integer("DUPLEX_OUTBOX_EVENTS", default.outbox_events),
+            max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
+            agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
+            agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
+            admission_refusal=refusal,
             log_upload=env.get("DUPLEX_LOG_UPLOAD") or None,
             s3_endpoint_url=env.get("DUPLEX_S3_ENDPOINT_URL") or None,
         )

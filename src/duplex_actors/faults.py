@@ -24,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
+import numpy.typing as npt
+
+from .config import ConfigError
+from .model.engine import EngineDescription, EngineFamily, ModelEngine, SessionPrompt, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +69,14 @@ class Faults:
             name, _, value = item.partition("=")
             if name == "step_stall":
                 path, _, ms = value.rpartition(":")
-                fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
+                try:
+                    fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
+                except ValueError:
+                    raise ConfigError(f"DUPLEX_FAULTS: step_stall wants PATH:MS, got {value!r}") from None
             elif name in ("step_raise", "fsync_error", "handler_raise") and value:
                 fields[name] = Path(value)
             else:
-                raise ValueError(f"DUPLEX_FAULTS: unknown fault {item!r}")
+                raise ConfigError(f"DUPLEX_FAULTS: unknown fault {item!r}")
         return cls(**fields)
 
     @classmethod
@@ -101,15 +109,30 @@ class Faults:
 
 
 class FaultyEngine:
-    """An engine whose ``step`` consults the armed faults first; everything else passes through."""
+    """A :class:`~duplex_actors.model.engine.ModelEngine` whose ``step`` consults the armed
+    faults first; every other call goes to the wrapped engine unchanged."""
 
-    def __init__(self, engine: Any, faults: Faults) -> None:
-        self._engine = engine
+    def __init__(self, engine: ModelEngine, faults: Faults) -> None:
+        self.engine = engine
         self._faults = faults
 
-    def step(self, frames: Any) -> Any:
-        self._faults.before_step()
-        return self._engine.step(frames)
+    @property
+    def slots(self) -> int:
+        return self.engine.slots
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+    @property
+    def family(self) -> EngineFamily:
+        return self.engine.family
+
+    def describe(self) -> EngineDescription:
+        return self.engine.describe()
+
+    def prepare(self, prompt: SessionPrompt) -> object:
+        return self.engine.prepare(prompt)
+
+    def reset(self, slot: int, prompt: SessionPrompt | None) -> None:
+        self.engine.reset(slot, prompt)
+
+    def step(self, frames: Mapping[int, npt.NDArray[np.float32]]) -> Mapping[int, StepOutput]:
+        self._faults.before_step()
+        return self.engine.step(frames)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .scheduler.actor import Scheduler
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -66,7 +69,7 @@ def _fmt(value: float) -> str:
 def render(
     *,
     counters: Counters,
-    scheduler: Any | None,
+    scheduler: Scheduler | None,
     writer: Any | None,
     sessions_active: int,
     recovered_logs: int = 0,
@@ -111,7 +114,7 @@ def render(
             "duplex_step_failures_total",
             "counter",
             "Model steps that raised (their sessions ended with internal_error).",
-            [("", {}, getattr(scheduler, "step_failures", 0))],
+            [("", {}, scheduler.step_failures)],
         )
         dropped = Counter(dict(st.dropped_frames)) + counters.dropped
     else:

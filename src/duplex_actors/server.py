@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -38,8 +37,9 @@ from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .metrics import Counters
-from .scheduler.actor import ResourceExhausted, Scheduler
-from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Clock
+from .model.engine import EngineDescription, ModelEngine
+from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
+from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .session import events as ev
 from .session.actor import SessionActor
 from .session.core import PromptPolicy, SessionCore, SessionLimits
@@ -168,10 +168,6 @@ class SlotReservation:
         self._scheduler = scheduler
         self.state = "held"  # held -> taken | released
 
-    @property
-    def held(self) -> bool:
-        return self.state == "held"
-
     def take(self) -> int:
         if self.state != "held":
             raise RuntimeError(f"the reservation of slot {self.slot} is {self.state}")
@@ -194,7 +190,7 @@ class SlotReservation:
 class DuplexServer:
     def __init__(
         self,
-        engine: Any,
+        engine: ModelEngine,
         scheduler: Scheduler,
         writer: LogWriter,
         nursery: trio.Nursery,
@@ -202,7 +198,7 @@ class DuplexServer:
         policy: PromptPolicy,
         limits: SessionLimits,
         outbox_size: int,
-        header_info: Mapping[str, Any],
+        description: EngineDescription,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         self.engine = engine
@@ -211,10 +207,11 @@ class DuplexServer:
         self.policy = policy
         self.limits = limits
         self.outbox_size = outbox_size
-        self.header_info = dict(header_info)
+        self.description = description  # what every log header records about the engine
         self._nursery = nursery
         self._session_ids = session_ids
         self.sessions: dict[str, SessionActor] = {}
+        self._session_ended = trio.Event()  # set (and replaced) whenever a session ends
         self.accepting = True
         self.not_accepting_reason = "the server is shutting down"
         self.logs_pruned = 0
@@ -296,14 +293,15 @@ class DuplexServer:
         self.counters.sessions_opened += 1
         self.scheduler.table.slots[slot].occupant = actor
         self.sessions[session_id] = actor
+        described = self.description
         header = r.Header(
             format_version=r.FORMAT_VERSION,
             session_id=session_id,
-            model_id=str(self.header_info.get("model_id", "")),
-            checkpoint_sha256=str(self.header_info.get("checkpoint_sha256", "")),
-            dtype=str(self.header_info.get("dtype", "")),
+            model_id=described.model_id,
+            checkpoint_sha256=described.checkpoint_sha256,
+            dtype=described.dtype,
             engine={
-                **self.header_info.get("engine", {}),
+                **described.engine,
                 "limits": {"max_buffered_samples": self.limits.max_buffered_samples},
             },
             sampling={
@@ -326,12 +324,18 @@ class DuplexServer:
             await actor.run()
         finally:
             self.sessions.pop(actor.session_id, None)
-            path = getattr(actor.log, "path", None)
-            for listener in self.on_log_finished if path is not None else ():
+            self._session_ended.set()
+            self._session_ended = trio.Event()
+            for listener in self.on_log_finished:
                 try:
-                    listener(actor.session_id, Path(str(path)))
+                    listener(actor.session_id, actor.log.path)
                 except Exception:
                     logging.getLogger(__name__).exception("a log-finished listener failed")
+
+    async def wait_no_sessions(self) -> None:
+        """Return once no session is open (every open one has finished its log)."""
+        while self.sessions:
+            await self._session_ended.wait()
 
     async def aclose(self, reason: str = "server_shutdown") -> None:
         """Stop admitting, close every session with ``reason``, wait for their logs."""
@@ -339,38 +343,23 @@ class DuplexServer:
         actors = list(self.sessions.values())
         for actor in actors:
             if not actor.done.is_set():
-                try:
-                    actor.inbox.put_result_nowait(r.Close(reason))
-                except trio.ClosedResourceError:
-                    pass
+                actor.inbox.put_result_nowait(r.Close(reason))  # dropped by a closed inbox
         for actor in actors:
             await actor.done.wait()
 
 
 class _Pending:
-    """Holds a slot between admission (or a reservation) and the actor's creation; receives
-    nothing (it submits no frames)."""
+    """Holds a slot between admission (or a reservation) and the actor's creation. It submits
+    no frames and requests no reset, so the scheduler never calls it."""
 
-    def deliver_nowait(self, result: Any) -> None:
+    def deliver_nowait(self, result: StepResult) -> None:
         raise AssertionError("a step result for a session that is not open yet")
 
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a reset for a session that is not open yet") from exc
 
-def header_info_for(engine: Any) -> dict[str, Any]:
-    """What the log header records about the model (checkpoint hash computed once)."""
-    info: dict[str, Any] = {"model_id": getattr(engine, "model_id", type(engine).__name__)}
-    checkpoint = getattr(engine, "checkpoint", None)
-    if checkpoint is not None:
-        info["checkpoint_sha256"] = checkpoint.files.lm_sha256()
-        info["dtype"] = str(checkpoint.dtype).removeprefix("torch.")
-        info["engine"] = {
-            "slots": engine.slots,
-            "family": engine.family.name,
-            "voices": list(engine.family.voices),
-            "prefill": getattr(engine, "_prefill_mode", "snapshot"),
-            "device": str(checkpoint.device),
-            "machine": platform.machine(),
-        }
-    return info
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a step for a session that is not open yet") from exc
 
 
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
@@ -413,7 +402,7 @@ class _OpenSessions(AbstractSet[str]):
 
 async def _retention(
     server: DuplexServer,
-    clock: Clock,
+    io: Executor,
     log_dir: Path,
     max_age_s: float | None,
     max_bytes: int | None,
@@ -421,7 +410,7 @@ async def _retention(
 ) -> None:
     keep = _OpenSessions(server)
     while True:
-        deleted = await clock.run(
+        deleted = await io.run(
             partial(prune, log_dir, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time(), keep=keep)
         )
         server.logs_pruned += len(deleted)
@@ -430,11 +419,10 @@ async def _retention(
 
 @asynccontextmanager
 async def open_duplex_server(
-    engine: Any,
+    engine: ModelEngine,
     *,
     log_dir: str | Path = "sessions",
     virtual_time: bool = False,
-    clock: Clock | None = None,
     max_batch_wait_ms: float = 20.0,
     limits: SessionLimits | None = None,
     outbox_size: int = 4096,
@@ -452,15 +440,12 @@ async def open_duplex_server(
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     """
-    clock = clock or (VIRTUAL_TIME if virtual_time else REAL_TIME)
+    clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    recovered = (
-        recover_logs(log_dir) if clock.virtual else await trio.to_thread.run_sync(recover_logs, log_dir)
-    )
-    info = (
-        header_info_for(engine) if clock.virtual else await trio.to_thread.run_sync(header_info_for, engine)
-    )
+    io = io_executor(clock)
+    recovered = await io.run(partial(recover_logs, log_dir))
+    description = await io.run(engine.describe)
     async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
         async with trio.open_nursery() as nursery:
             scheduler = Scheduler(engine, clock=clock, max_batch_wait_ms=max_batch_wait_ms)
@@ -473,13 +458,13 @@ async def open_duplex_server(
                 policy=policy or engine.family,
                 limits=limits or SessionLimits(),
                 outbox_size=outbox_size,
-                header_info=info,
+                description=description,
                 session_ids=session_ids,
             )
             server.recovered_logs = recovered
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(
-                    _retention, server, clock, log_dir, log_max_age_s, log_max_bytes, retention_interval_s
+                    _retention, server, io, log_dir, log_max_age_s, log_max_bytes, retention_interval_s
                 )
             try:
                 yield server

@@ -117,10 +117,10 @@ def readouts(driver: Any) -> dict[str, Any]:
 
 
 async def test_voices_503_while_loading(tmp_path: Path) -> None:
-    from duplex_actors.app import create_app
+    from duplex_actors.app import create_quart_app
     from duplex_actors.config import ServerConfig
 
-    app = create_app(ServerConfig(model="tiny-parrot", log_dir=str(tmp_path)))
+    app = create_quart_app(ServerConfig(model="tiny-parrot", log_dir=str(tmp_path)))
     client = app.test_client()  # before_serving does not run: the model is "loading"
     resp = await client.get("/v1/voices")
     assert resp.status_code == 503

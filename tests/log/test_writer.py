@@ -184,6 +184,22 @@ async def test_records_queued_behind_a_failure_are_dropped_and_counted(
         assert stats.fsyncs == 0 and stats.failed_logs == 1
 
 
+async def test_wait_for_room_returns_once_the_writer_takes_the_queued_records(tmp_path: Path) -> None:
+    async with open_log_writer(tmp_path, max_queued=2, fsync=False) as writer:
+        log = writer.create("a")
+        log.append_nowait(r.Heartbeat())
+        log.append_nowait(r.Heartbeat())
+        with pytest.raises(LogBackpressure):
+            log.append_nowait(r.Heartbeat())
+        with trio.fail_after(5):
+            await log.wait_for_room()  # woken by the writer, not by polling
+        assert writer.statistics().queue_depth == 0
+        log.append_nowait(r.Heartbeat())
+        log.close_nowait()
+        await log.wait_closed()
+    assert read_log(log.path).next_seq == 3
+
+
 async def test_full_queue_raises_backpressure_without_using_a_sequence_number(tmp_path: Path) -> None:
     async with open_log_writer(tmp_path, max_queued=4) as writer:
         log = writer.create("a")

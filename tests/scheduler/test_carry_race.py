@@ -9,7 +9,8 @@ import trio
 import trio.testing
 
 from duplex_actors.audio import FRAME_SAMPLES
-from duplex_actors.model.engine import StepOutput
+from duplex_actors.model.engine import EngineDescription, StepOutput
+from duplex_actors.model.family import MoshiFamily
 from duplex_actors.scheduler.actor import Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME
 
@@ -17,8 +18,17 @@ from duplex_actors.scheduler.clock import VIRTUAL_TIME
 class Engine:
     def __init__(self) -> None:
         self.slots = 2
+        self.family = MoshiFamily()
         self.calls: list[tuple] = []
         self.on_reset = None
+        self.on_prepare = None
+
+    def describe(self) -> EngineDescription:
+        return EngineDescription(model_id="carry-race")
+
+    def prepare(self, prompt) -> None:
+        if self.on_prepare:
+            self.on_prepare(prompt)
 
     def reset(self, slot, prompt):
         self.calls.append(("reset", slot, prompt))
@@ -39,6 +49,12 @@ class Sink:
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)
+
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected reset failure: {exc!r}")
+
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected step failure: {exc!r}")
 
 
 @pytest.fixture
@@ -66,8 +82,13 @@ async def test_frame_queued_at_epoch_change_is_carried_even_if_another_slot_rese
                 engine.on_reset = None
                 sched.request_reset(sa, 1, "p")
 
-        engine.on_reset = hook
-        sched.submit_nowait(sa, 1, frame)
+        def drain_frame_1(prompt):
+            # b's prompt is prepared (its reset is next): a's frame 1 is drained meanwhile.
+            if prompt == "q":
+                engine.on_prepare = None
+                sched.submit_nowait(sa, 1, frame)
+
+        engine.on_reset, engine.on_prepare = hook, drain_frame_1
         sched.request_reset(sb, 1, "q")
         await trio.sleep(0.1)
         assert [(r.epoch, r.frame_index) for r in a.results] == [(0, 0), (1, 1)]

@@ -6,22 +6,35 @@ tests/test_server.py and tests/property).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import trio
 import trio.testing
 
 from duplex_actors.audio import FRAME_SAMPLES
-from duplex_actors.model.engine import StepOutput
+from duplex_actors.model.engine import EngineDescription, StepOutput
+from duplex_actors.model.family import MoshiFamily
 from duplex_actors.scheduler.actor import ResourceExhausted, Scheduler
-from duplex_actors.scheduler.clock import VIRTUAL_TIME
+from duplex_actors.scheduler.clock import VIRTUAL_TIME, Threads
 
 
 class RecordingEngine:
+    """A ModelEngine that records its calls (prepare calls apart: they run in other tasks)."""
+
     def __init__(self, slots: int) -> None:
         self.slots = slots
+        self.family = MoshiFamily()
         self.calls: list[tuple] = []
+        self.prepared: list[tuple] = []
         self.now = lambda: trio.current_time()
+
+    def describe(self) -> EngineDescription:
+        return EngineDescription(model_id="recording")
+
+    def prepare(self, prompt):
+        self.prepared.append((prompt, self.now()))
 
     def reset(self, slot, prompt):
         self.calls.append(("reset", slot, prompt, self.now()))
@@ -40,6 +53,12 @@ class Sink:
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)
+
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected reset failure: {exc!r}")
+
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError(f"unexpected step failure: {exc!r}")
 
 
 def frame(value: int) -> np.ndarray:
@@ -190,4 +209,75 @@ async def test_a_failed_step_ends_its_sessions_and_the_scheduler_goes_on(autojum
         assert [r.frame_index for r in b.results] == [0, 1]
         assert sched.failed is None and sched.step_failures == 1
         assert dict(sched.statistics().dropped_frames)["step_failed"] == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reset_is_prepared_first_and_a_superseded_prompt_is_skipped_under_virtual_time(
+    autojump_clock,
+):
+    """The ``_prepare`` task runs under virtual time too (only its engine call is inline)."""
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=1)
+        s = sched.admit(Sink())
+        sched.request_reset(s, 0, "old")
+        sched.request_reset(s, 1, "new")  # before the first prepare had its turn
+        await trio.testing.wait_all_tasks_blocked()
+        assert [p for p, _ in engine.prepared] == ["new"]
+        assert [c[:3] for c in engine.calls] == [("reset", s, "new")]
+        sched.submit_nowait(s, 0, frame(7))
+        await trio.sleep(1)
+        assert [c[0] for c in engine.calls] == ["reset", "step"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_prepare_still_leaves_the_reset_to_report(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=1)
+
+        def failing_prepare(prompt):
+            engine.prepared.append((prompt, engine.now()))
+            raise RuntimeError("no such voice")
+
+        engine.prepare = failing_prepare
+        s = sched.admit(Sink())
+        sched.request_reset(s, 0, "p")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [p for p, _ in engine.prepared] == ["p"]
+        assert [c[:3] for c in engine.calls] == [("reset", s, "p")]  # the reset ran after all
+        nursery.cancel_scope.cancel()
+
+
+async def test_prepare_runs_in_a_worker_thread_under_virtual_time_when_asked(autojump_clock):
+    """A thread executor for prepare under a MockClock: the step stays inline (decision 7),
+    prepare runs in another thread and the reset waits for it."""
+    engine = RecordingEngine(1)
+    threads: dict[str, int] = {}
+    release = threading.Event()
+
+    def slow_prepare(prompt):
+        threads["prepare"] = threading.get_ident()
+        release.wait(5)
+        engine.prepared.append((prompt, None))
+
+    def reset(slot, prompt):
+        threads["reset"] = threading.get_ident()
+        engine.calls.append(("reset", slot, prompt))
+
+    engine.prepare, engine.reset = slow_prepare, reset
+    sched = Scheduler(engine, clock=VIRTUAL_TIME, prepare_executor=Threads())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        s = sched.admit(Sink())
+        sched.request_reset(s, 0, "p")
+        sched.submit_nowait(s, 0, frame(3))
+        with trio.fail_after(5):
+            while "prepare" not in threads:
+                await trio.sleep(0.01)
+        assert not engine.calls  # neither the reset nor the frame's step before prepare returns
+        release.set()
+        with trio.fail_after(5):
+            while len(engine.calls) < 2:
+                await trio.sleep(0.01)
+        assert [c[0] for c in engine.calls] == ["reset", "step"]
+        assert threads["prepare"] != threading.get_ident() == threads["reset"]
         nursery.cancel_scope.cancel()

@@ -69,14 +69,14 @@ async def test_a_consumer_that_stops_reading_is_closed_without_blocking_anyone(p
 
 
 async def test_an_unhandled_error_becomes_an_error_event_and_close_1011(parrot_dir, tmp_path, monkeypatch):
-    from duplex_actors.app import create_asgi_app
+    from duplex_actors.app import create_app
     from duplex_actors.web.hardening import HardenedConfig
 
     def broken(event, config):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(dialects, "_command", broken)
-    app = create_asgi_app(ServerConfig(model="tiny-parrot", max_sessions=1, log_dir=str(tmp_path)))
+    app = create_app(ServerConfig(model="tiny-parrot", max_sessions=1, log_dir=str(tmp_path)))
     hyper = HardenedConfig()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,8 +6,9 @@ and then calls ``os.fdatasync`` once per file for the whole batch, in worker thr
 event loop. Policies:
 
 * **Bounded queue.** At most ``max_queued`` records wait; one more raises :class:`LogBackpressure` and
-  the record is not logged (its sequence number is not used). ``writer.statistics().queue_depth`` is
-  the metric. Closes and flushes are never refused.
+  the record is not logged (its sequence number is not used); :meth:`SessionLog.wait_for_room` waits
+  until the writer has taken queued records. ``writer.statistics().queue_depth`` is the metric.
+  Closes and flushes are never refused.
 * **A failed write or fsync is fatal for that log.** The error is kept in ``log.failed``, later appends
   raise :class:`LogFailed`, nothing is retried (after a failed fsync the kernel may already have
   dropped the dirty pages, so a retry that succeeds would lie), and ``writer.healthy`` turns False for
@@ -123,6 +124,11 @@ class SessionLog:
         self._closing = True
         self._writer._enqueue(_Close(self))
 
+    async def wait_for_room(self) -> None:
+        """Return once the writer's queue has room for a record, or the writer is shut down
+        (the next :meth:`append_nowait` then says why it cannot take one)."""
+        await self._writer._wait_for_room()
+
     async def wait_closed(self) -> None:
         """Return once every appended record is written (and fsynced) and the file is closed.
 
@@ -236,6 +242,7 @@ class LogWriter:
         # Unbounded channel, bounded by ``_queued`` records: closes and flushes must never be refused.
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
         self._queued = 0
+        self._room = trio.Event()  # set (and replaced) whenever queued records are taken
         self._shut_down = False
         self._open: set[SessionLog] = set()
         self._created_since_dir_sync: list[SessionLog] = []
@@ -306,6 +313,17 @@ class LogWriter:
         self._enqueue(_Flush(done))
         await done.wait()
 
+    async def _wait_for_room(self) -> None:
+        if self._queued < self._max_queued or self._shut_down:
+            await trio.lowlevel.checkpoint()
+            return
+        while self._queued >= self._max_queued and not self._shut_down:
+            await self._room.wait()
+
+    def _room_made(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
     def _enqueue_record(self, request: _Write) -> None:
         if self._queued >= self._max_queued:
             raise LogBackpressure(f"log writer queue full ({self._max_queued} records)")
@@ -368,6 +386,7 @@ class LogWriter:
                 job.records += 1
             else:
                 job.close = True
+        self._room_made()
         for log, job in jobs.items():
             job.data = b"".join(chunks[log])
         if any(job.data for job in jobs.values()):
@@ -454,6 +473,7 @@ class LogWriter:
     def _shutdown(self) -> None:
         self._shut_down = True
         self._send.close()
+        self._room_made()  # nobody waits for room in a queue that takes no more
 
 
 @asynccontextmanager

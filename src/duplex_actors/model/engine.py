@@ -6,8 +6,8 @@ a step is exec-masked: its state does not advance, as if that step never happene
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -74,11 +74,68 @@ class StepOutput:
     pcm: npt.NDArray[np.float32]  # [FRAME_SAMPLES]
 
 
+@attrs.frozen(slots=True)
+class EngineDescription:
+    """What a session log's ``header`` records about the engine (DESIGN §5).
+
+    ``engine`` holds the engine's configuration (slots, family, voices, prefill mode, device,
+    machine); the server adds its own session limits to it. An engine without a checkpoint
+    (a test double) leaves ``checkpoint_sha256``, ``dtype`` and ``engine`` empty.
+    """
+
+    model_id: str
+    checkpoint_sha256: str = ""
+    dtype: str = ""
+    engine: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class EngineFamily(Protocol):
+    """The model family as the server sees it (``duplex_actors.model.family.ModelFamily``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def voices(self) -> Sequence[str]: ...
+
+    @property
+    def default_voice(self) -> str | None: ...
+
+    def session_prompt(
+        self,
+        *,
+        voice: str | None = None,
+        persona: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> SessionPrompt:
+        """Validate a session's config and return what a slot is reset with."""
+        ...
+
+
 class ModelEngine(Protocol):
     """A synchronous lockstep engine with a fixed number of slots."""
 
     @property
     def slots(self) -> int: ...
+
+    @property
+    def family(self) -> EngineFamily:
+        """Prompt policy and voices; the session core validates configs with it."""
+        ...
+
+    def describe(self) -> EngineDescription:
+        """What the log header records; may read the checkpoint (call it off the event loop)."""
+        ...
+
+    def prepare(self, prompt: SessionPrompt) -> object:
+        """Compute whatever ``reset(slot, prompt)`` will need (a prefill snapshot) ahead of it.
+
+        Thread-safe against ``step``: the scheduler runs it in another worker thread so that one
+        new persona never stalls the batch. Returns nothing the caller uses; an engine with
+        nothing to prepare returns None at once.
+        """
+        ...
 
     def reset(self, slot: int, prompt: SessionPrompt | None) -> None:
         """Start a fresh context in ``slot`` (new session or new epoch), prefilled for

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import platform
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +31,7 @@ from .engine import (
     NUM_CODEBOOKS,
     TEXT_EPAD_ID,
     TEXT_PAD_ID,
+    EngineDescription,
     SessionPrompt,
     StepOutput,
 )
@@ -118,6 +120,7 @@ class MoshiEngine:
         self._prepare_lock = threading.Lock()
         self._hidden_text = {TEXT_PAD_ID, TEXT_EPAD_ID}
         self.stats = EngineStatistics()
+        self._description: EngineDescription | None = None
 
     @property
     def slots(self) -> int:
@@ -126,6 +129,27 @@ class MoshiEngine:
     @property
     def model_id(self) -> str:
         return self.checkpoint.files.model_id
+
+    def describe(self) -> EngineDescription:
+        """What a session log's header records; the first call hashes the LM weights (call it
+        off the event loop), later ones reuse the result (nothing in it changes)."""
+        if self._description is not None:
+            return self._description
+        checkpoint = self.checkpoint
+        self._description = EngineDescription(
+            model_id=self.model_id,
+            checkpoint_sha256=checkpoint.files.lm_sha256(),
+            dtype=str(checkpoint.dtype).removeprefix("torch."),
+            engine={
+                "slots": self.slots,
+                "family": self.family.name,
+                "voices": list(self.family.voices),
+                "prefill": self._prefill_mode,
+                "device": str(checkpoint.device),
+                "machine": platform.machine(),
+            },
+        )
+        return self._description
 
     # -- prompts -----------------------------------------------------------------------------
     def voice(self, name: str) -> VoicePrompt:

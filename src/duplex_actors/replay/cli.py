@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..log import records as r
+from ..model.engine import ModelEngine
 from ..model.errors import ModelError
 from ..session import events as ev
 from .replayer import ReplayReport, UnreadableLog, header_of, replay_logic, replay_model
@@ -81,9 +82,9 @@ class EngineCache:
         self.spec = spec
         self.device = device
         self.force = force
-        self._engines: dict[tuple[str, str, str], Any] = {}
+        self._engines: dict[tuple[str, str, str], ModelEngine] = {}
 
-    def for_header(self, header: r.Header) -> Any:
+    def for_header(self, header: r.Header) -> ModelEngine:
         import torch
 
         from ..model.factory import open_engine
@@ -97,7 +98,7 @@ class EngineCache:
                 spec, slots=1, device=self.device, dtype=getattr(torch, dtype), family=family
             )
         engine = self._engines[key]
-        sha = engine.checkpoint.files.lm_sha256()
+        sha = engine.describe().checkpoint_sha256
         if header.checkpoint_sha256 and sha != header.checkpoint_sha256 and not self.force:
             raise UnreadableLog(
                 f"the log was recorded with checkpoint {header.checkpoint_sha256[:16]}..., "

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from ..log import records as r
 from ..log.segment import LogCorruption, ReadResult, TornTail, read_records
+from ..model.engine import ModelEngine
 from ..model.family import detect_family
 from ..session import events as ev
 from ..session.core import Emit, ResetSlot, SessionCore, SessionLimits, SubmitFrame
@@ -170,7 +171,7 @@ def logged_inputs(records: list[tuple[int, r.Record]]) -> Iterator[tuple[str, An
 
 def replay_model(
     report: ReplayReport,
-    engine: Any,
+    engine: ModelEngine,
     *,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:

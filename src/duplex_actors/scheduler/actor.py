@@ -16,7 +16,6 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
 
 import attrs
 import numpy as np
@@ -24,9 +23,11 @@ import numpy.typing as npt
 import trio
 
 from ..audio import FRAME_MS
-from ..model.engine import ModelEngine, StepOutput
-from .clock import REAL_TIME, Clock
-from .slots import Occupant, QueuedFrame, Slot, SlotTable
+from ..model.engine import ModelEngine, SessionPrompt, StepOutput
+from .clock import INLINE, REAL_TIME, Clock, Executor, Threads, engine_executor
+from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
+
+__all__ = ["ResourceExhausted", "Scheduler", "SchedulerFailed", "SchedulerStatistics", "StepResult"]
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,6 @@ class ResourceExhausted(Exception):
 
 class SchedulerFailed(Exception):
     code = "internal_error"
-
-
-@attrs.frozen(slots=True, eq=False)
-class StepResult:
-    epoch: int
-    frame_index: int
-    output: StepOutput
 
 
 @attrs.frozen(slots=True)
@@ -65,15 +59,26 @@ class SchedulerStatistics:
 
 
 class Scheduler:
+    """``clock`` is the time source; ``executor`` runs ``engine.reset``/``engine.step`` (default:
+    inline under virtual time, else the engine's worker thread); ``prepare_executor`` runs
+    ``engine.prepare`` beside the steps (default: inline under virtual time, else a thread of
+    its own)."""
+
     def __init__(
         self,
         engine: ModelEngine,
         *,
         clock: Clock = REAL_TIME,
+        executor: Executor | None = None,
+        prepare_executor: Executor | None = None,
         max_batch_wait_ms: float = 20.0,
     ) -> None:
         self.engine = engine
         self.clock = clock
+        self.executor = executor or engine_executor(clock)
+        self.prepare_executor = prepare_executor or (
+            INLINE if clock.virtual else Threads(trio.CapacityLimiter(1))
+        )
         self.max_batch_wait = max_batch_wait_ms / 1000
         self.table = SlotTable(engine.slots)
         self._wake = trio.Event()
@@ -82,7 +87,6 @@ class Scheduler:
         self._nursery: trio.Nursery | None = None
         self._prepare_limiter = trio.Lock()
         self.step_failures = 0
-        self._prepare_threads = trio.CapacityLimiter(1)
         self.failed: BaseException | None = None
         # statistics
         self._ticks = 0
@@ -108,24 +112,25 @@ class Scheduler:
         entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now()))
         self._wake.set()
 
-    def request_reset(self, slot: int, epoch: int, prompt: Any) -> None:
+    def request_reset(self, slot: int, epoch: int, prompt: SessionPrompt | None) -> None:
         """Fresh, prefilled context for ``epoch``; queued frames are carried into it."""
         entry = self.table.slots[slot]
-        entry.pending_reset = (epoch, prompt)
+        request = entry.pending_reset = (epoch, prompt)
         self._ready_resets.discard(slot)
-        prepare = getattr(self.engine, "prepare", None)
-        if self.clock.virtual or prepare is None or self._nursery is None:
+        if prompt is None or self._nursery is None:
             self._ready_resets.add(slot)
             self._wake.set()
             return
-        self._nursery.start_soon(self._prepare, slot, entry.pending_reset, prepare)
+        self._nursery.start_soon(self._prepare, slot, request, prompt)
 
-    async def _prepare(self, slot: int, request: tuple[int, Any], prepare: Any) -> None:
+    async def _prepare(
+        self, slot: int, request: tuple[int, SessionPrompt | None], prompt: SessionPrompt
+    ) -> None:
         async with self._prepare_limiter:  # one prompt computed at a time, never many threads
             if self.table.slots[slot].pending_reset is not request:
                 return  # superseded (another update or epoch) before its turn: skip the work
             try:
-                await trio.to_thread.run_sync(prepare, request[1], limiter=self._prepare_threads)
+                await self.prepare_executor.run(partial(self.engine.prepare, prompt))
             except Exception:  # the reset itself runs it again and reports the error
                 log.exception("preparing a prompt failed")
         if self.table.slots[slot].pending_reset is request:
@@ -218,7 +223,7 @@ class Scheduler:
             if request is not None and entry.index in self._ready_resets and not entry.releasing:
                 epoch, prompt = request
                 try:
-                    await self.clock.run(partial(self.engine.reset, entry.index, prompt))
+                    await self.executor.run(partial(self.engine.reset, entry.index, prompt))
                 except Exception as exc:  # e.g. an unreadable voice: that session ends, no other
                     log.exception("slot %d: reset failed", entry.index)
                     self._reset_failed(entry, exc)
@@ -230,7 +235,7 @@ class Scheduler:
                 self._resets += 1
             if entry.releasing:
                 # A plain reset, no prompt: cheap, and clears the occupant's state.
-                await self.clock.run(partial(self.engine.reset, entry.index, None))
+                await self.executor.run(partial(self.engine.reset, entry.index, None))
                 self._resets += 1
                 dropped = len(entry.frames)
                 if dropped:
@@ -242,10 +247,8 @@ class Scheduler:
         entry.frames.clear()
         entry.pending_reset = None
         self._ready_resets.discard(entry.index)
-        occupant = entry.occupant
-        fail = getattr(occupant, "reset_failed", None)
-        if fail is not None:
-            fail(exc)
+        if entry.occupant is not None:
+            entry.occupant.reset_failed(exc)
 
     def _free(self, entry: Slot) -> None:
         self._ready_resets.discard(entry.index)
@@ -271,7 +274,7 @@ class Scheduler:
             return
         started = self.clock.now()
         try:
-            outputs: Mapping[int, StepOutput] = await self.clock.run(lambda: self.engine.step(batch))
+            outputs: Mapping[int, StepOutput] = await self.executor.run(lambda: self.engine.step(batch))
         except Exception as exc:
             # One failed step ends the sessions that were in it (internal_error, close 1011);
             # their slots are reset when they release them, and the others go on.
@@ -282,9 +285,7 @@ class Scheduler:
                 entry = self.table.slots[index]
                 self._dropped["step_failed"] += len(entry.frames)
                 entry.frames.clear()
-                fail = getattr(occupant, "step_failed", None)
-                if fail is not None:
-                    fail(exc)
+                occupant.step_failed(exc)
             return
         elapsed = self.clock.now() - started
         self._ticks += 1

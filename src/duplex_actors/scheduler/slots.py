@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ..model.engine import SessionPrompt, StepOutput
+
+
+@attrs.frozen(slots=True, eq=False)
+class StepResult:
+    """One slot's step output, routed by the (epoch, frame index) captured before the step."""
+
+    epoch: int
+    frame_index: int
+    output: StepOutput
+
 
 class Occupant(Protocol):
-    """A session as the scheduler sees it: somewhere to put step results, never blocking."""
+    """A session as the scheduler sees it. Every call is made from the scheduler's task and must
+    never block: the occupant only queues what it is told."""
 
-    def deliver_nowait(self, result: Any) -> None: ...
+    def deliver_nowait(self, result: StepResult) -> None:
+        """A step result for one of the occupant's frames."""
+        ...
+
+    def reset_failed(self, exc: BaseException) -> None:
+        """The engine could not reset the slot for the occupant's prompt (its queued frames are
+        dropped); the occupant should end with an error."""
+        ...
+
+    def step_failed(self, exc: BaseException) -> None:
+        """A step carrying one of the occupant's frames raised (its queued frames are dropped)."""
+        ...
 
 
 @attrs.define(slots=True, eq=False)
@@ -28,10 +51,10 @@ class Slot:
     index: int
     occupant: Occupant | None = None
     epoch: int = 0
-    prompt: Any = None
+    prompt: SessionPrompt | None = None
     frames: deque[QueuedFrame] = attrs.field(factory=deque)
     # A reset waiting to be applied before this slot's next step: (epoch, prompt).
-    pending_reset: tuple[int, Any] | None = None
+    pending_reset: tuple[int, SessionPrompt | None] | None = None
     releasing: bool = False
 
     @property

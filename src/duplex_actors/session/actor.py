@@ -10,6 +10,7 @@ submit frames and resets to the scheduler (never blocking), emit events to a bou
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -23,18 +24,39 @@ from .inbox import Inbox
 
 log = logging.getLogger(__name__)
 
-# How long a record may wait for room in the log writer's queue: 2 s in 5 ms steps.
-LOG_ROOM_WAIT_S = 0.005
-LOG_ROOM_RETRIES = 400
+# How long a record may wait for room in the log writer's queue before the session ends.
+LOG_ROOM_TIMEOUT_S = 2.0
 
 
 class SessionLogHandle(Protocol):
-    def append_nowait(self, record: Any) -> object: ...
+    """One session's log as the actor sees it (``duplex_actors.log.writer.SessionLog``)."""
+
+    @property
+    def path(self) -> Path:
+        """The log file, for whoever ships or reads it once it is closed."""
+        ...
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The write or fsync error that ended the log, if any: nothing more can be written."""
+        ...
+
+    def append_nowait(self, record: r.Record) -> object:
+        """Queue a record; raises ``LogBackpressure`` when the writer's queue is full."""
+        ...
+
+    async def wait_for_room(self) -> None:
+        """Return once the writer's queue has room (or cannot take records any more)."""
+        ...
+
     def close_nowait(self) -> None: ...
+
     async def wait_closed(self) -> None: ...
 
 
 class SchedulerHandle(Protocol):
+    """The scheduler as a session sees it (``duplex_actors.scheduler.actor.Scheduler``)."""
+
     def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None: ...
     def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
     async def release(self, slot: int) -> None: ...
@@ -126,15 +148,16 @@ class SessionActor:
                 await self._finish()
 
     async def _append(self, record: r.Record) -> None:
-        """Queue a record for the log; when the writer's shared queue is full, wait (bounded)
-        for room rather than failing the session."""
-        for _ in range(LOG_ROOM_RETRIES):
-            try:
-                self.log.append_nowait(record)
-                return
-            except LogBackpressure:
-                await trio.sleep(LOG_ROOM_WAIT_S)
-        self.log.append_nowait(record)
+        """Queue a record for the log; when the writer's shared queue is full, wait (at most
+        ``LOG_ROOM_TIMEOUT_S``) for the writer to make room rather than failing the session."""
+        with trio.move_on_after(LOG_ROOM_TIMEOUT_S):
+            while True:
+                try:
+                    self.log.append_nowait(record)
+                    return
+                except LogBackpressure:
+                    await self.log.wait_for_room()
+        self.log.append_nowait(record)  # still full: LogBackpressure ends the session
 
     async def _handle(self, record: r.Record) -> None:
         if self.log_error is None:
@@ -194,7 +217,7 @@ class SessionActor:
         try:
             await self._release()
             try:
-                if getattr(self.log, "failed", None) is None:
+                if self.log.failed is None:
                     if self.log_error is not None and self.core.closed:
                         # The log itself is fine (e.g. its queue stayed full): finish it anyway.
                         self.log_error = None

@@ -32,6 +32,10 @@ class Inbox(Generic[T]):
         self._changed = trio.Event()
 
     async def put_command(self, item: T) -> None:
+        """Queue a command, waiting while ``max_commands`` are queued. A checkpoint like every
+        trio async call: a cancelled caller raises before queueing, and a producer that always
+        finds room still lets the session (and every other task) run."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         while self._commands >= self._max_commands and not self.closed:
             await self._changed.wait()
         if self.closed:
@@ -39,6 +43,7 @@ class Inbox(Generic[T]):
         self._items.append((True, item))
         self._commands += 1
         self._notify()
+        await trio.lowlevel.cancel_shielded_checkpoint()  # queued: never cancelled after that
 
     def put_result_nowait(self, item: T) -> None:
         if self.closed:

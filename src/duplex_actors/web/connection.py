@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from ..protocol import codec
+from ..faults import Faults
+from ..metrics import Counters
 from ..protocol.errors import ProtocolError
-from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle
+from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle, SlotReservation
 from ..session import events as ev
+from .dialects import Dialect, Opening, OutboundMessage, Projection, WireMessage
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,6 @@ CLOSE_CODES = {
     "log_unavailable": 1011,
     "slow_consumer": 1011,
 }
-CONFIG_TIMEOUT_S = 10.0
 
 
 def capabilities(max_sessions: int) -> dict[str, Any]:
@@ -63,9 +64,9 @@ class Transport:
 
     def __init__(
         self,
-        receive: Callable[[], Any],
-        send: Callable[[Any], Any],
-        close: Callable[[int, str], Any],
+        receive: Callable[[], Awaitable[WireMessage]],
+        send: Callable[[WireMessage], Awaitable[object]],
+        close: Callable[[int, str], Awaitable[object]],
     ) -> None:
         self.receive = receive
         self.send = send
@@ -78,12 +79,14 @@ class Connection:
         server: DuplexServer,
         transport: Transport,
         *,
-        dialect: Any,
+        dialect: Dialect,
         idle_timeout_s: float,
-        counters: Any,
-        faults: Any = None,
+        counters: Counters,
+        faults: Faults | None = None,
+        reservation: SlotReservation | None = None,
     ) -> None:
         self.server = server
+        self.reservation = reservation  # the slot held at the handshake, if any
         self.transport = transport
         self.dialect = dialect
         self.idle_timeout_s = idle_timeout_s
@@ -96,7 +99,7 @@ class Connection:
         self._nursery: trio.Nursery | None = None
 
     # -- sending ---------------------------------------------------------------------------------
-    async def _send_obj(self, message: Any) -> None:
+    async def _send_obj(self, message: OutboundMessage) -> None:
         if isinstance(message, bytes):
             await self.transport.send(message)
         else:
@@ -116,19 +119,17 @@ class Connection:
         await self._close(close_code, code)
 
     # -- the connection --------------------------------------------------------------------------
-    async def run(
-        self,
-        first_message: Any = None,
-        config: dict[str, Any] | None = None,
-        client_event_id: str | None = None,
-    ) -> None:
-        """Open the session (admission), then read and write until it closes."""
+    async def run(self, opening: Opening | None = None) -> None:
+        """Open the session (admission, or the slot reserved at the handshake), process the
+        opening's pending message, then read and write until the session closes."""
+        opening = opening or Opening()
         try:
             self.session = await self.server.open_session(
-                config or {},
+                opening.config,
                 dialect=self.dialect.name,
                 output=self.dialect.output,
-                client_event_id=client_event_id,
+                client_event_id=opening.client_event_id,
+                reservation=self.reservation,
             )
         except ResourceExhausted as exc:
             await self.refuse("resource_exhausted", str(exc), 1013)
@@ -142,8 +143,8 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer, projection)
-                if first_message is not None:
-                    await self._handle(first_message)
+                if opening.pending is not None:
+                    await self._handle(opening.pending)
                 await self._reader()
         except Exception:
             reason = "error"
@@ -163,7 +164,7 @@ class Connection:
             except RuntimeError:  # the connection is finishing on its own
                 pass
 
-    async def _writer(self, projection: Any) -> None:
+    async def _writer(self, projection: Projection) -> None:
         assert self.session is not None
         closed_seen = False
         async for event in self.session.events():
@@ -196,7 +197,7 @@ class Connection:
                 return
             await self._handle(data)
 
-    async def _handle(self, data: Any) -> None:
+    async def _handle(self, data: WireMessage) -> None:
         session = self.session
         assert session is not None
         if self.faults is not None:
@@ -212,4 +213,4 @@ class Connection:
             pass  # the session ended meanwhile (slow consumer, log failure): the writer closes
 
 
-__all__ = ["CONFIG_TIMEOUT_S", "Connection", "Transport", "capabilities", "codec"]
+__all__ = ["Connection", "Transport", "capabilities"]

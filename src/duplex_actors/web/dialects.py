@@ -3,20 +3,101 @@
 A dialect parses a client message into a session command (an async callable on the
 ``SessionHandle``) and projects session events onto its wire vocabulary. Parsing and projection
 are the sans-io ``duplex_actors.protocol`` package; this module only maps client events onto the
-in-process session API.
+in-process session API, and reads what opens a session (:func:`read_opening`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
 
 from ..protocol import codec, errors
 from ..protocol import events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
+from ..session import events as ev
 
 Command = Callable[[SessionHandle], Awaitable[None]]
+# A WebSocket message as quart gives and takes it: text (JSON) or binary.
+WireMessage = str | bytes
+# What a projection or a refusal sends: a JSON object (the connection serialises it) or bytes.
+OutboundMessage = Mapping[str, Any] | bytes
+# How long a dialect that opens on a first message waits for it.
+CONFIG_TIMEOUT_S = 10.0
+
+
+@attrs.frozen(slots=True)
+class Opening:
+    """What opens a session: its config, a client message still to process once it is open
+    (Realtime with ``autostart=0``, when the first message is not a ``session.update``), and
+    the client event id the session's first events echo."""
+
+    config: dict[str, Any] = attrs.field(factory=dict)
+    pending: WireMessage | None = None
+    client_event_id: str | None = None
+
+
+class Projection(Protocol):
+    """One session's events in a dialect's vocabulary (``protocol.realtime``/``protocol.native``)."""
+
+    def project(self, event: ev.SessionEvent) -> Sequence[OutboundMessage]: ...
+
+    def closing_event(self, reason: str) -> OutboundMessage:
+        """What the client is told before a server drain closes its session."""
+        ...
+
+
+class Dialect(Protocol):
+    """A WebSocket dialect as the connection handler sees it (:class:`RealtimeDialect`,
+    :class:`NativeDialect`)."""
+
+    @property
+    def name(self) -> str:
+        """Recorded in the session log's header."""
+        ...
+
+    @property
+    def output(self) -> Mapping[str, Any]:
+        """The output options recorded in the header (names, binary output)."""
+        ...
+
+    def projection(self, session_id: str) -> Projection: ...
+
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
+        """The error sent before the connection is closed without a session."""
+        ...
+
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
+        """The session command for one client message; raises ProtocolError."""
+        ...
+
+    @property
+    def opens_on_first_message(self) -> bool:
+        """True: the session opens only once the first client message is read."""
+        ...
+
+    @property
+    def first_message_timeout_message(self) -> str:
+        """The ``config_timeout`` error's message when no first message arrives in time."""
+        ...
+
+    def first_message(self, data: WireMessage) -> Opening:
+        """The opening a first message asks for; raises ProtocolError to refuse it."""
+        ...
+
+
+async def read_opening(dialect: Dialect, receive: Callable[[], Awaitable[WireMessage]]) -> Opening:
+    """Read the first message if the dialect opens on one (at most ``CONFIG_TIMEOUT_S``) and
+    return what it opens; raises ProtocolError (``config_timeout``, or the dialect's refusal of
+    the message), which the caller sends before closing with 1008."""
+    if not dialect.opens_on_first_message:
+        return Opening()
+    with trio.move_on_after(CONFIG_TIMEOUT_S):
+        return dialect.first_message(await receive())
+    raise ProtocolError(errors.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
 
 
 def _command(event: Any, config: Mapping[str, Any]) -> Command:
@@ -77,10 +158,14 @@ class RealtimeDialect:
         model: str,
         capabilities: dict[str, Any],
         beta: bool,
+        autostart: bool = True,
         max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
     ) -> None:
         from ..protocol.realtime import RealtimeProjection, refusal_error
 
+        # ``?autostart=0``: the session opens on the first message (a session.update configures it).
+        self.opens_on_first_message = not autostart
+        self.first_message_timeout_message = f"no message within {CONFIG_TIMEOUT_S:.0f} s"
         self.max_message_bytes = max_message_bytes
         self.model = model
         self.capabilities = capabilities
@@ -89,13 +174,13 @@ class RealtimeDialect:
         self._projection = RealtimeProjection
         self._refusal = refusal_error
 
-    def projection(self, session_id: str) -> Any:
+    def projection(self, session_id: str) -> Projection:
         return self._projection(session_id, self.model, self.capabilities, beta=self.beta)
 
-    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
         return self._refusal(code, message, client_event_id)
 
-    def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if not isinstance(data, str):
             raise ProtocolError(
                 errors.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
@@ -105,30 +190,31 @@ class RealtimeDialect:
             config,
         )
 
-    def first_message(self, data: Any) -> tuple[dict[str, Any], Any, str | None]:
-        """With ``autostart=0``: a ``session.update`` opens the session with its config
-        (``(config, None, its event_id)``); any other first message opens a default session and
-        is then processed normally (``({}, message, None)``)."""
+    def first_message(self, data: WireMessage) -> Opening:
+        """With ``autostart=0``: a ``session.update`` opens the session with its config; any
+        other first message opens a default session and is then processed normally."""
         if isinstance(data, str):
             try:
                 event = codec.parse_client_text(
                     data, dialect="realtime", max_message_bytes=self.max_message_bytes
                 )
             except ProtocolError:
-                return {}, data, None
+                return Opening(pending=data)
             if isinstance(event, pe.SessionUpdate):
                 try:
                     cfg = codec.normalize_session_config(event.session, client_event_id=event.event_id)
                 except ProtocolError:
-                    return {}, data, None
-                return cfg, None, event.event_id
-        return {}, data, None
+                    return Opening(pending=data)
+                return Opening(cfg, None, event.event_id)
+        return Opening(pending=data)
 
 
 class NativeDialect:
     """``/v1/duplex``: flat events, binary audio both ways (``binary_output``)."""
 
     name = "native"
+    opens_on_first_message = True
+    first_message_timeout_message = f"send session.create within {CONFIG_TIMEOUT_S:.0f} s"
 
     def __init__(
         self, *, capabilities: dict[str, Any], max_message_bytes: int = codec.MAX_MESSAGE_BYTES
@@ -138,17 +224,17 @@ class NativeDialect:
         self.binary_output = False
         self.output: dict[str, Any] = {"binary_output": False}
 
-    def projection(self, session_id: str) -> Any:
+    def projection(self, session_id: str) -> Projection:
         from ..protocol.native import NativeProjection
 
         return NativeProjection(session_id, binary_output=self.binary_output, capabilities=self.capabilities)
 
-    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> Any:
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
         from ..protocol.native import refusal_error
 
         return refusal_error(code, message, client_event_id)
 
-    def parse(self, data: Any, config: Mapping[str, Any]) -> Command:
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
             audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
             fmt = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
@@ -157,7 +243,7 @@ class NativeDialect:
             codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes), config
         )
 
-    def first_message(self, data: Any) -> tuple[dict[str, Any], Any, str | None]:
+    def first_message(self, data: WireMessage) -> Opening:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
         if not isinstance(data, str):
             raise ProtocolError(errors.BAD_EVENT, "the first message must be session.create (JSON text)")
@@ -173,4 +259,4 @@ class NativeDialect:
         cfg = codec.normalize_session_config(
             event.session, client_event_id=event.event_id, event_type=event.TYPE
         )
-        return cfg, None, event.event_id
+        return Opening(cfg, None, event.event_id)
