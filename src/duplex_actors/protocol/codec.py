@@ -230,6 +230,20 @@ def encode_client_event(event: ClientEvent) -> dict[str, Any]:
     return out
 
 
+_SERVER_HOOKS: Final[dict[type[Any], Callable[[Any], dict[str, Any]]]] = {}
+
+
+def encode_server_event(event: Any) -> dict[str, Any]:
+    """A server event (an instance of a :mod:`.events` class) as its JSON object, with the
+    canonical (GA) ``type``: ``CONVERTER.unstructure(event)``, the hook looked up once per class
+    since the audio path runs per frame."""
+    cls = type(event)
+    hook = _SERVER_HOOKS.get(cls)
+    if hook is None:
+        hook = _SERVER_HOOKS[cls] = CONVERTER.get_unstructure_hook(cls)
+    return hook(event)
+
+
 def dumps(obj: Mapping[str, Any]) -> str:
     """Compact JSON text of a server event. ASCII-only, so a lone surrogate a client sent and
     that is echoed back still encodes as UTF-8; NaN is refused, as the spec's JSON has none."""

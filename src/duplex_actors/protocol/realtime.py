@@ -19,7 +19,7 @@ the client cancelled it, cleared the output buffer or closed the session, and
 ``session_closed``). OpenAI's ``incomplete`` means the model stopped on a token or content
 limit, which never happens here.
 
-The projection builds the :mod:`.events` classes and sends ``CONVERTER.unstructure(event)``,
+The projection builds the :mod:`.events` classes and sends ``codec.encode_server_event(event)``,
 renamed for beta clients. Every event gets ``event_id = evt_<session id without sess_>_<n>``
 from a counter the projection keeps, so a replay of the session log reproduces the ids. Transcripts in the done
 events are capped at ``MAX_TRANSCRIPT_CHARS`` and error messages at 1024 characters, which keeps
@@ -35,7 +35,7 @@ from typing import Any, Final, Literal
 
 from ..session import events as ev
 from . import events as wire
-from .codec import CONVERTER, SERVER_OWNED_SESSION_KEYS
+from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event
 from .errors import ProtocolError, clip, error_type
 
 FRAME_MS: Final = 80
@@ -72,20 +72,7 @@ def refusal_error(
         event_id=event_id or "evt_" + secrets.token_hex(12),
         error=error_object(code, message, client_event_id, param),
     )
-    return _unstructure(event)
-
-
-_unstructure_hooks: dict[type[Any], Any] = {}
-
-
-def _unstructure(event: Any) -> dict[str, Any]:
-    # The converter's hook for the class, looked up once: the audio path runs per frame.
-    cls = type(event)
-    hook = _unstructure_hooks.get(cls)
-    if hook is None:
-        hook = _unstructure_hooks[cls] = CONVERTER.get_unstructure_hook(cls)
-    message: dict[str, Any] = hook(event)
-    return message
+    return encode_server_event(event)
 
 
 class RealtimeProjection:
@@ -134,7 +121,7 @@ class RealtimeProjection:
         return f"evt_{self._suffix}_{self._seq}"
 
     def _emit(self, out: list[dict[str, Any]], event: Any) -> None:
-        message = _unstructure(event)
+        message = encode_server_event(event)
         name = self._names[type(event)]
         assert name is not None, f"{type(event).__name__} has no beta name: check _sends() first"
         if name != message["type"]:
@@ -178,7 +165,7 @@ class RealtimeProjection:
         self, code: str, message: str, client_event_id: str | None = None, param: str | None = None
     ) -> dict[str, Any]:
         event = wire.RealtimeError(self._id(), error_object(code, message, client_event_id, param))
-        return _unstructure(event)
+        return encode_server_event(event)
 
     def protocol_error(self, exc: ProtocolError) -> dict[str, Any]:
         """An ``error`` event for a refusal the app answers itself (no session record)."""
@@ -186,7 +173,7 @@ class RealtimeProjection:
 
     def closing_event(self, reason: str) -> dict[str, Any]:
         """``session.closing``: the server is draining; ``session.closed`` follows."""
-        return _unstructure(wire.RealtimeSessionClosing(self._id(), self.session_id, reason))
+        return encode_server_event(wire.RealtimeSessionClosing(self._id(), self.session_id, reason))
 
     # -- the projection ------------------------------------------------------------------------
     def project(self, event: ev.SessionEvent) -> list[dict[str, Any]]:
