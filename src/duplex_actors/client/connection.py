@@ -59,7 +59,9 @@ from ..protocol.events import (
     Dialect,
     InputAudioBufferAppend,
     InputAudioBufferClear,
+    NativeOutputAudioDelta,
     OutputAudioBufferClear,
+    RealtimeHeartbeatAck,
     ResponseCancel,
     SessionClose,
     SessionCreate,
@@ -92,7 +94,7 @@ from .events import (
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 HISTORY: Final = 1024  # recent events kept for wait_for(after=...)
-_HEARTBEAT_ACK: Final = "session.heartbeat_ack"
+_HEARTBEAT_ACK: Final = RealtimeHeartbeatAck.TYPE
 _RECEIVE_BUFFER: Final = 64 * 1024
 
 AudioInput = bytes | bytearray | memoryview | npt.NDArray[Any]
@@ -299,7 +301,7 @@ class DuplexClient:
         if isinstance(message, bytes):  # native binary output: u32 LE frame index + PCM16
             index, pcm = split_binary_frame(message)
             return AudioDelta(
-                type="response.output_audio.delta",
+                type=NativeOutputAudioDelta.TYPE,
                 raw={},
                 received_at=now,
                 seq=seq,
