@@ -168,13 +168,7 @@ def _server_unstructure_hook(cls: type[Any], conv: cattrs.Converter) -> Callable
 
         return flattened
     if tag is not None:
-
-        def tagged(obj: Any) -> dict[str, Any]:
-            out = {"type": tag}
-            out.update(fields_of(obj))
-            return out
-
-        return tagged
+        return lambda obj: {"type": tag, **fields_of(obj)}
     return fields_of
 
 
@@ -242,6 +236,21 @@ def encode_server_event(event: Any) -> dict[str, Any]:
     if hook is None:
         hook = _SERVER_HOOKS[cls] = CONVERTER.get_unstructure_hook(cls)
     return hook(event)
+
+
+def server_event_encoder(cls: type[Any], type_name: str) -> Callable[[Any], dict[str, Any]]:
+    """:func:`encode_server_event` for instances of ``cls``, writing ``type_name`` as the
+    ``type`` (a Realtime beta name; renamed in place, so ``type`` stays the first key)."""
+    hook: Callable[[Any], dict[str, Any]] = CONVERTER.get_unstructure_hook(cls)
+    if type_name == getattr(cls, "TYPE", None):
+        return hook
+
+    def renamed(event: Any) -> dict[str, Any]:
+        message = hook(event)
+        message["type"] = type_name
+        return message
+
+    return renamed
 
 
 def dumps(obj: Mapping[str, Any]) -> str:

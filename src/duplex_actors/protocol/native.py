@@ -101,6 +101,8 @@ class NativeProjection:
         if self.closed:
             return []
         match event:
+            case ev.AudioFrame():  # first: the per-frame path
+                return self._audio(event)
             case ev.SessionCreated():
                 created = wire.NativeSessionCreated(event.session_id, self.session_object(event.config))
                 return [encode_server_event(created)]
@@ -109,8 +111,6 @@ class NativeProjection:
                 return [encode_server_event(updated)]
             case ev.ResponseStarted():
                 return [encode_server_event(wire.NativeResponseCreated(event.response_id, event.epoch))]
-            case ev.AudioFrame():
-                return self._audio(event)
             case ev.ResponseEnded():
                 out: list[NativeMessage] = []
                 if event.audio_cleared:

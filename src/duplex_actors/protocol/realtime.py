@@ -19,11 +19,12 @@ the client cancelled it, cleared the output buffer or closed the session, and
 ``session_closed``). OpenAI's ``incomplete`` means the model stopped on a token or content
 limit, which never happens here.
 
-The projection builds the :mod:`.events` classes and sends ``codec.encode_server_event(event)``,
-renamed for beta clients. Every event gets ``event_id = evt_<session id without sess_>_<n>``
-from a counter the projection keeps, so a replay of the session log reproduces the ids. Transcripts in the done
-events are capped at ``MAX_TRANSCRIPT_CHARS`` and error messages at 1024 characters, which keeps
-every frame far below 1 MiB.
+The projection builds the :mod:`.events` classes and sends what the one converter makes of
+them (``codec.server_event_encoder``: ``type`` first, the beta name for beta clients). Every
+event gets ``event_id = evt_<session id without sess_>_<n>`` from a counter the projection
+keeps, so a replay of the session log reproduces the ids. Transcripts in the done events are
+capped at ``MAX_TRANSCRIPT_CHARS`` and error messages at 1024 characters, which keeps every
+frame far below 1 MiB.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any, Final, Literal
 
 from ..session import events as ev
 from . import events as wire
-from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event
+from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
 from .errors import ProtocolError, clip, error_type
 
 FRAME_MS: Final = 80
@@ -102,7 +103,11 @@ class RealtimeProjection:
         self.closed = False
         self._suffix = session_id.removeprefix("sess_")
         self._seq = 0
-        self._names = {cls: wire.wire_type(cls, beta=beta) for cls in wire.REALTIME_SERVER_EVENTS}
+        self._encoders = {
+            cls: server_event_encoder(cls, name)
+            for cls in wire.REALTIME_SERVER_EVENTS
+            if (name := wire.wire_type(cls, beta=beta)) is not None
+        }
         self._content_type: Literal["audio", "output_audio"] = "audio" if beta else "output_audio"
         self._previous_item_id: str | None = None  # the item before the current response's
         self._pending: list[ev.AudioFrame] = []
@@ -114,19 +119,18 @@ class RealtimeProjection:
     # -- building blocks -----------------------------------------------------------------------
     def _sends(self, cls: type[Any]) -> bool:
         """Whether this vocabulary has the event (beta has no ``conversation.item.done``)."""
-        return self._names[cls] is not None
+        return cls in self._encoders
 
     def _id(self) -> str:
         self._seq += 1
         return f"evt_{self._suffix}_{self._seq}"
 
+    def _encode(self, event: Any) -> dict[str, Any]:
+        # KeyError: an event this vocabulary lacks, built without asking _sends() first.
+        return self._encoders[type(event)](event)
+
     def _emit(self, out: list[dict[str, Any]], event: Any) -> None:
-        message = encode_server_event(event)
-        name = self._names[type(event)]
-        assert name is not None, f"{type(event).__name__} has no beta name: check _sends() first"
-        if name != message["type"]:
-            message["type"] = name  # the beta name, in place: ``type`` stays the first key
-        out.append(message)
+        out.append(self._encode(event))
 
     def session_object(self, config: Mapping[str, Any]) -> wire.SessionObject:
         extra: dict[str, Any] = {} if self.beta else {"type": "realtime"}
@@ -164,8 +168,9 @@ class RealtimeProjection:
     def error_event(
         self, code: str, message: str, client_event_id: str | None = None, param: str | None = None
     ) -> dict[str, Any]:
-        event = wire.RealtimeError(self._id(), error_object(code, message, client_event_id, param))
-        return encode_server_event(event)
+        return self._encode(
+            wire.RealtimeError(self._id(), error_object(code, message, client_event_id, param))
+        )
 
     def protocol_error(self, exc: ProtocolError) -> dict[str, Any]:
         """An ``error`` event for a refusal the app answers itself (no session record)."""
@@ -173,7 +178,7 @@ class RealtimeProjection:
 
     def closing_event(self, reason: str) -> dict[str, Any]:
         """``session.closing``: the server is draining; ``session.closed`` follows."""
-        return encode_server_event(wire.RealtimeSessionClosing(self._id(), self.session_id, reason))
+        return self._encode(wire.RealtimeSessionClosing(self._id(), self.session_id, reason))
 
     # -- the projection ------------------------------------------------------------------------
     def project(self, event: ev.SessionEvent) -> list[dict[str, Any]]:
@@ -181,18 +186,18 @@ class RealtimeProjection:
             return []
         out: list[dict[str, Any]] = []
         match event:
+            case ev.AudioFrame():  # first: the per-frame path
+                if self._pending and self._pending[0].response_id != event.response_id:
+                    self._flush(out)
+                self._pending.append(event)
+                if len(self._pending) >= self.output_chunk_frames:
+                    self._flush(out)
             case ev.SessionCreated():
                 self._emit(out, wire.RealtimeSessionCreated(self._id(), self.session_object(event.config)))
             case ev.SessionUpdated():
                 self._emit(out, wire.RealtimeSessionUpdated(self._id(), self.session_object(event.config)))
             case ev.ResponseStarted():
                 self._started(event, out)
-            case ev.AudioFrame():
-                if self._pending and self._pending[0].response_id != event.response_id:
-                    self._flush(out)
-                self._pending.append(event)
-                if len(self._pending) >= self.output_chunk_frames:
-                    self._flush(out)
             case ev.ResponseEnded():
                 self._flush(out)
                 self._ended(event, out)
