@@ -55,7 +55,9 @@ from ..protocol.events import (
     ClientEvent,
     Dialect,
     InputAudioBufferClear,
+    NativeOutputAudioDelta,
     OutputAudioBufferClear,
+    RealtimeHeartbeatAck,
     ResponseCancel,
     SessionClose,
     SessionCreate,
@@ -87,7 +89,7 @@ from .events import (
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 HISTORY: Final = 1024  # recent events kept for wait_for(after=...)
-_HEARTBEAT_ACK: Final = "session.heartbeat_ack"
+_HEARTBEAT_ACK: Final = RealtimeHeartbeatAck.TYPE
 _RECEIVE_BUFFER: Final = 64 * 1024
 
 EventMatch = type[ServerEvent] | tuple[type[ServerEvent], ...] | Callable[[ServerEvent], bool]
@@ -237,7 +239,7 @@ class DuplexClient:
         if isinstance(message, bytes):  # native binary output: u32 LE frame index + PCM16
             index, pcm = split_binary_frame(message)
             return AudioDelta(
-                type="response.output_audio.delta",
+                type=NativeOutputAudioDelta.TYPE,
                 raw={},
                 received_at=now,
                 seq=seq,

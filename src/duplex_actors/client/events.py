@@ -1,14 +1,18 @@
 """Typed server events as a client sees them, parsed from either dialect's JSON.
 
-One small frozen attrs class per event a client acts on; every other event arrives as
-:class:`OtherEvent` with its raw dict. Every event carries ``type`` (the wire name), ``raw`` (the
-decoded JSON object; for a native binary audio frame, ``{}``), ``received_at`` (``trio.current_time()``
-when the client's receive task read it) and ``seq`` (1, 2, ... in arrival order on this connection).
+A message is parsed into its class in :mod:`duplex_actors.protocol.events` (the one the server's
+projection built it from) with the protocol's converter; the events a client acts on then get a
+small dialect-neutral view here, every other event arrives as :class:`OtherEvent`. Every event
+carries ``type`` (the wire name), ``wire`` (the ``protocol.events`` instance; ``None`` for a
+native binary audio frame and for a message that is not a valid event of the dialect), ``raw``
+(the decoded JSON object; for a binary frame, ``{}``), ``received_at`` (``trio.current_time()``
+when the client's receive task read it) and ``seq`` (1, 2, ... in arrival order on this
+connection).
 
 The Realtime GA and beta names (``OpenAI-Beta: realtime=v1``) and the native dialect's flat
-events (``/v1/duplex``) all map onto the same classes, so code written against them does not care
-which dialect it talks. The names come from :mod:`duplex_actors.protocol.events`, the classes the
-server's own projections are checked against.
+events (``/v1/duplex``) all map onto the same view classes, so code written against them does
+not care which dialect it talks. A new server event needs nothing here: it arrives as an
+:class:`OtherEvent` whose ``wire`` is its class.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import attrs
 
 from ..audio import FRAME_PCM16_BYTES
 from ..protocol import events as wire
+from ..protocol.codec import CONVERTER
 from ..protocol.events import Dialect
 
 
@@ -29,6 +34,7 @@ class ServerEvent:
     raw: dict[str, Any] = attrs.field(repr=False, eq=False)
     received_at: float = attrs.field(repr=False, eq=False)
     seq: int = attrs.field(repr=False, eq=False)
+    wire: Any = attrs.field(default=None, repr=False, eq=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -117,134 +123,120 @@ class SessionClosed(ServerEvent):
 
 @attrs.frozen(kw_only=True)
 class OtherEvent(ServerEvent):
-    """Any event without a class of its own (``response.output_item.added``, ``rate_limits.updated``,
-    ``input_audio_buffer.speech_started``, ...): look at ``raw``."""
+    """Any event without a view of its own (``response.output_item.added``, ``rate_limits.updated``,
+    ``input_audio_buffer.speech_started``, ...): look at ``wire`` (or ``raw``)."""
 
 
-def _names(*classes: type[Any]) -> frozenset[str]:
-    names: set[str] = set()
+def _classes(classes: tuple[type[Any], ...], *, beta_names: bool) -> dict[str, type[Any]]:
+    out: dict[str, type[Any]] = {}
     for cls in classes:
-        for beta in (False, True):
+        for beta in (False, True) if beta_names else (False,):
             name = wire.wire_type(cls, beta=beta)
             if name is not None:
-                names.add(name)
-    return frozenset(names)
+                out[name] = cls
+    return out
 
 
-_AUDIO_DELTA: Final = _names(wire.RealtimeOutputAudioDelta) | {wire.NativeOutputAudioDelta.TYPE}
-_TRANSCRIPT_DELTA: Final = _names(wire.RealtimeOutputAudioTranscriptDelta) | {
-    wire.NativeOutputTranscriptDelta.TYPE
+_CLASSES: Final[dict[str, dict[str, type[Any]]]] = {
+    "realtime": _classes(wire.REALTIME_SERVER_EVENTS, beta_names=True),
+    "native": _classes(wire.NATIVE_SERVER_EVENTS, beta_names=False),
 }
 
 
-def _str(value: Any, default: str = "") -> str:
-    return value if isinstance(value, str) else default
+def _transcript(response: wire.Response) -> str:
+    return "".join(part.transcript for item in response.output for part in item.content)
 
 
-def _opt_str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _response_done_realtime(obj: dict[str, Any]) -> tuple[str, str, str | None, str]:
-    resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
-    assert isinstance(resp, dict)
-    details = resp.get("status_details")
-    reason = _opt_str(details.get("reason")) if isinstance(details, dict) else None
-    transcript = ""
-    for item in resp.get("output") or []:
-        for part in item.get("content") or [] if isinstance(item, dict) else []:
-            if isinstance(part, dict):
-                transcript += _str(part.get("transcript"))
-    return _str(resp.get("id")), _str(resp.get("status")), reason, transcript
+def _view(event: Any, common: dict[str, Any]) -> ServerEvent:
+    """The dialect-neutral view of one parsed ``protocol.events`` instance."""
+    match event:
+        case wire.RealtimeOutputAudioDelta():
+            meta = event.metadata
+            pcm = base64.b64decode(event.delta)
+            return AudioDelta(
+                **common,
+                response_id=event.response_id,
+                epoch=meta.epoch,
+                frame_index=meta.frame_index,
+                pcm16=pcm,
+            )
+        case wire.NativeOutputAudioDelta():
+            return AudioDelta(
+                **common,
+                response_id=event.response_id,
+                epoch=event.epoch,
+                frame_index=event.frame_index,
+                pcm16=base64.b64decode(event.audio),
+                text=event.text,
+            )
+        case wire.RealtimeOutputAudioTranscriptDelta():
+            return TranscriptDelta(**common, response_id=event.response_id, text=event.delta)
+        case wire.NativeOutputTranscriptDelta():
+            return TranscriptDelta(**common, response_id=event.response_id, text=event.text)
+        case wire.RealtimeSessionCreated() | wire.RealtimeSessionUpdated():
+            cls = SessionCreated if isinstance(event, wire.RealtimeSessionCreated) else SessionUpdated
+            return cls(**common, session_id=event.session.id, session=common["raw"]["session"])
+        case wire.NativeSessionCreated() | wire.NativeSessionUpdated():
+            cls = SessionCreated if isinstance(event, wire.NativeSessionCreated) else SessionUpdated
+            return cls(**common, session_id=event.session_id, session=event.session)
+        case wire.RealtimeResponseCreated():
+            return ResponseCreated(**common, response_id=event.response.id, epoch=None)
+        case wire.NativeResponseCreated():
+            return ResponseCreated(**common, response_id=event.response_id, epoch=event.epoch)
+        case wire.RealtimeResponseDone():
+            resp = event.response
+            reason = None if resp.status_details is None else resp.status_details.reason
+            return ResponseDone(
+                **common, response_id=resp.id, status=resp.status, reason=reason, transcript=_transcript(resp)
+            )
+        case wire.NativeResponseDone():
+            return ResponseDone(
+                **common,
+                response_id=event.response_id,
+                status=event.status,
+                reason=event.reason,
+                transcript=event.transcript,
+            )
+        case wire.RealtimeError():
+            err = event.error
+            return Error(
+                **common,
+                code=err.code,
+                message=err.message,
+                event_id=err.event_id,
+                error_type=err.type,
+                param=err.param,
+            )
+        case wire.NativeError():
+            return Error(
+                **common,
+                code=event.code,
+                message=event.error,
+                event_id=event.client_event_id,
+                param=event.param,
+            )
+        case wire.RealtimeSessionClosing() | wire.NativeSessionClosing():
+            return SessionClosing(**common, session_id=event.session_id, reason=event.reason)
+        case wire.RealtimeSessionClosed() | wire.NativeSessionClosed():
+            return SessionClosed(**common, session_id=event.session_id, reason=event.reason)
+    return OtherEvent(**common)
 
 
 def parse_server_event(
     obj: dict[str, Any], *, dialect: Dialect = "realtime", received_at: float = 0.0, seq: int = 0
 ) -> ServerEvent:
-    """The typed event of one decoded server message (never raises on an unexpected shape:
-    missing fields read as empty, unknown types become :class:`OtherEvent`)."""
-    kind = _str(obj.get("type"))
+    """The typed event of one decoded server message. Never raises: a message of an unknown
+    ``type``, or one that is not a valid event of its class, is an :class:`OtherEvent` with
+    ``wire=None``."""
+    kind = obj.get("type")
+    kind = kind if isinstance(kind, str) else ""
     common: dict[str, Any] = {"type": kind, "raw": obj, "received_at": received_at, "seq": seq}
-    native = dialect == "native"
-    if kind in _AUDIO_DELTA:
-        if native:
-            return AudioDelta(
-                **common,
-                response_id=_opt_str(obj.get("response_id")),
-                epoch=_int(obj.get("epoch")),
-                frame_index=_int(obj.get("frame_index")),
-                pcm16=base64.b64decode(_str(obj.get("audio"))),
-                text=_str(obj.get("text")),
-            )
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-        assert isinstance(meta, dict)
-        return AudioDelta(
-            **common,
-            response_id=_opt_str(obj.get("response_id")),
-            epoch=_int(meta.get("epoch")),
-            frame_index=_int(meta.get("frame_index")),
-            pcm16=base64.b64decode(_str(obj.get("delta"))),
-        )
-    if kind in _TRANSCRIPT_DELTA:
-        text = obj.get("text") if native else obj.get("delta")
-        return TranscriptDelta(**common, response_id=_opt_str(obj.get("response_id")), text=_str(text))
-    if kind == wire.RealtimeSessionCreated.TYPE or kind == wire.RealtimeSessionUpdated.TYPE:
-        session = obj.get("session") if isinstance(obj.get("session"), dict) else {}
-        assert isinstance(session, dict)
-        sid = _str(obj.get("session_id")) if native else _str(session.get("id"))
-        cls: type[SessionCreated] | type[SessionUpdated] = (
-            SessionCreated if kind == wire.RealtimeSessionCreated.TYPE else SessionUpdated
-        )
-        return cls(**common, session_id=sid, session=session)
-    if kind == wire.RealtimeResponseCreated.TYPE:
-        if native:
-            return ResponseCreated(
-                **common, response_id=_str(obj.get("response_id")), epoch=_opt_int(obj.get("epoch"))
-            )
-        resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
-        assert isinstance(resp, dict)
-        return ResponseCreated(**common, response_id=_str(resp.get("id")), epoch=None)
-    if kind == wire.RealtimeResponseDone.TYPE:
-        if native:
-            return ResponseDone(
-                **common,
-                response_id=_str(obj.get("response_id")),
-                status=_str(obj.get("status")),
-                reason=_opt_str(obj.get("reason")),
-                transcript=_str(obj.get("transcript")),
-            )
-        rid, status, reason, transcript = _response_done_realtime(obj)
-        return ResponseDone(**common, response_id=rid, status=status, reason=reason, transcript=transcript)
-    if kind == wire.RealtimeError.TYPE:
-        err = obj.get("error")
-        if isinstance(err, dict):  # Realtime: {"error": {type, code, message, param, event_id}}
-            return Error(
-                **common,
-                code=_str(err.get("code"), "unknown"),
-                message=_str(err.get("message")),
-                event_id=_opt_str(err.get("event_id")),
-                error_type=_opt_str(err.get("type")),
-                param=_opt_str(err.get("param")),
-            )
-        return Error(  # native: {"error": message, "code", "client_event_id", "param"}
-            **common,
-            code=_str(obj.get("code"), "unknown"),
-            message=_str(err),
-            event_id=_opt_str(obj.get("client_event_id")),
-            param=_opt_str(obj.get("param")),
-        )
-    if kind == wire.RealtimeSessionClosed.TYPE:
-        return SessionClosed(**common, session_id=_str(obj.get("session_id")), reason=_str(obj.get("reason")))
-    if kind == wire.RealtimeSessionClosing.TYPE:
-        return SessionClosing(
-            **common, session_id=_str(obj.get("session_id")), reason=_str(obj.get("reason"))
-        )
-    return OtherEvent(**common)
+    cls = _CLASSES["native" if dialect == "native" else "realtime"].get(kind)
+    if cls is None:
+        return OtherEvent(**common)
+    try:
+        event = CONVERTER.structure(obj, cls)
+    except Exception:  # any malformed shape: the contract is to never raise
+        return OtherEvent(**common)
+    common["wire"] = event
+    return _view(event, common)

@@ -5,22 +5,27 @@ NaN/Infinity literals) with a string ``type`` of the dialect; fields are type-ch
 coercion (``"5"`` is not an int, ``1`` is not a bool); the client's ``event_id`` is echoed in
 every refusal. Everything refused raises :class:`~.errors.ProtocolError` and nothing else.
 
-One cattrs converter structures and unstructures the client events as tagged unions on
-``type``: ``CONVERTER.structure(obj, RealtimeClientEvent)``.
+One cattrs converter structures and unstructures every wire event: the client events as tagged
+unions on ``type`` (``CONVERTER.structure(obj, RealtimeClientEvent)``), the server events as the
+messages the projections send (``CONVERTER.unstructure(event)``: ``type`` first, then the fields
+in class order) and back (the client's parser).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+import attrs
 import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from ..audio import SAMPLE_RATE, AudioError, canonical_format
 from . import errors as codes
+from . import events as wire
 from .errors import ProtocolError, clip
 from .events import (
     NATIVE_CLIENT_EVENTS,
@@ -131,6 +136,56 @@ def _tag(cls: type) -> str:
     return str(getattr(cls, "TYPE"))  # noqa: B009 - TYPE is a ClassVar mypy cannot see on `type`
 
 
+# Server events and the objects nested in them: every attrs class of .events but the client
+# events, which keep their own rules (tagged unions, ``type`` added last on unstructure).
+_CLIENT_CLASSES: Final = frozenset(NATIVE_CLIENT_EVENTS)
+
+
+def _is_server_class(cls: Any) -> bool:
+    return attrs.has(cls) and getattr(cls, "__module__", None) == wire.__name__ and cls not in _CLIENT_CLASSES
+
+
+def _server_unstructure_hook(cls: type[Any], conv: cattrs.Converter) -> Callable[[Any], dict[str, Any]]:
+    """The message of one instance: ``{"type": TYPE}`` for an event, then the fields in order
+    (``OMIT_IF_NONE`` ones left out while ``None``), then the keys of the ``FLATTEN`` dict."""
+    flatten: str | None = getattr(cls, "FLATTEN", None)
+    overrides: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        if field.name == flatten:
+            overrides[field.name] = override(omit=True)
+        elif field.metadata.get(wire.OMIT_IF_NONE):
+            overrides[field.name] = override(omit_if_default=True)
+    fields_of = make_dict_unstructure_fn(cls, conv, **overrides)
+    tag: str | None = getattr(cls, "TYPE", None)
+    if flatten is not None:
+
+        def flattened(obj: Any) -> dict[str, Any]:
+            out = {} if tag is None else {"type": tag}
+            out.update(fields_of(obj))
+            out.update(getattr(obj, flatten))
+            return out
+
+        return flattened
+    if tag is not None:
+        return lambda obj: {"type": tag, **fields_of(obj)}
+    return fields_of
+
+
+def _server_structure_hook(cls: type[Any], conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """Structure a class with a ``FLATTEN`` dict: the keys that are not fields go into it."""
+    flatten: str = getattr(cls, "FLATTEN")  # noqa: B009 - a ClassVar mypy cannot see on `type`
+    names = frozenset(f.name for f in attrs.fields(cls)) - {flatten}
+    fields_from = make_dict_structure_fn(cls, conv)
+
+    def hook(value: Any, _: Any) -> Any:
+        obj = _structure_object(value, None)
+        known = {k: v for k, v in obj.items() if k in names}
+        known[flatten] = {k: v for k, v in obj.items() if k not in names}
+        return fields_from(known, cls)
+
+    return hook
+
+
 def make_converter() -> cattrs.Converter:
     """The strict converter with the client-event unions of both dialects configured."""
     conv = cattrs.Converter(forbid_extra_keys=False)
@@ -145,6 +200,12 @@ def make_converter() -> cattrs.Converter:
     conv.register_unstructure_hook(SessionCreate, _unstructure_session_create)
     configure_tagged_union(RealtimeClientEvent, conv, tag_generator=_tag, tag_name="type")
     configure_tagged_union(NativeClientEvent, conv, tag_generator=_tag, tag_name="type")
+    # Free-form objects (session config, payloads) go out as they are, one level copied.
+    conv.register_unstructure_hook_func(lambda t: t == dict[str, Any], dict)
+    conv.register_unstructure_hook_factory(_is_server_class, lambda cls: _server_unstructure_hook(cls, conv))
+    conv.register_structure_hook_factory(
+        lambda t: _is_server_class(t) and hasattr(t, "FLATTEN"), lambda cls: _server_structure_hook(cls, conv)
+    )
     return conv
 
 
@@ -160,6 +221,35 @@ def encode_client_event(event: ClientEvent) -> dict[str, Any]:
     """A client event as the JSON object a client sends (tests and in-repo clients use it)."""
     out: dict[str, Any] = CONVERTER.unstructure(event, unstructure_as=NativeClientEvent)
     return out
+
+
+_SERVER_HOOKS: Final[dict[type[Any], Callable[[Any], dict[str, Any]]]] = {}
+
+
+def encode_server_event(event: Any) -> dict[str, Any]:
+    """A server event (an instance of a :mod:`.events` class) as its JSON object, with the
+    canonical (GA) ``type``: ``CONVERTER.unstructure(event)``, the hook looked up once per class
+    since the audio path runs per frame."""
+    cls = type(event)
+    hook = _SERVER_HOOKS.get(cls)
+    if hook is None:
+        hook = _SERVER_HOOKS[cls] = CONVERTER.get_unstructure_hook(cls)
+    return hook(event)
+
+
+def server_event_encoder(cls: type[Any], type_name: str) -> Callable[[Any], dict[str, Any]]:
+    """:func:`encode_server_event` for instances of ``cls``, writing ``type_name`` as the
+    ``type`` (a Realtime beta name; renamed in place, so ``type`` stays the first key)."""
+    hook: Callable[[Any], dict[str, Any]] = CONVERTER.get_unstructure_hook(cls)
+    if type_name == getattr(cls, "TYPE", None):
+        return hook
+
+    def renamed(event: Any) -> dict[str, Any]:
+        message = hook(event)
+        message["type"] = type_name
+        return message
+
+    return renamed
 
 
 def dumps(obj: Mapping[str, Any]) -> str:

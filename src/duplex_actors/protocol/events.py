@@ -1,24 +1,33 @@
 """The wire events of both dialects as frozen attrs classes (wire-protocol.md §4 and §5).
 
-Client events are what :mod:`.codec` parses into (its converter tags them on ``type``).
-Server events describe what :mod:`.realtime` and :mod:`.native` send: the projections build
-plain dicts for speed, and :mod:`.schemas` turns these classes into the JSON Schemas those
-dicts are checked against, so a drift between the two fails the tests.
+Each event is one class, used everywhere it exists: :mod:`.codec` parses client events into
+them (its converter tags them on ``type``); :mod:`.realtime` and :mod:`.native` build the server
+events and send them as ``codec.CONVERTER.unstructure(event)``; the client
+(:mod:`duplex_actors.client.events`) parses server messages back into them with the same
+converter; and :mod:`.schemas` turns them into the JSON Schemas. Adding an event is adding a
+class here (and to its dialect's tuple) and emitting it.
 
 Every class has ``TYPE`` (its ``type`` on the wire); a Realtime server event that OpenAI's
 beta vocabulary (``OpenAI-Beta: realtime=v1``) names differently also has ``BETA_TYPE``
 (``None``: the event has no beta counterpart and beta clients do not get it; absent: the same
 name in both). ``EXTRA_PROPERTIES`` marks objects that carry free-form keys besides their
-fields, and ``FLATTEN`` names a dict field whose keys sit at the event's top level.
+fields, and ``FLATTEN`` names a dict field whose keys sit at the object's top level. Field
+metadata: ``OMIT_IF_NONE`` leaves the key out of the message while the value is ``None``;
+``SCHEMA`` names the class a free-form ``dict`` field is documented by (the server sends that
+object as configured, see :class:`SessionObject`).
+
+Field order is wire order: a server event's message is ``type`` first, then its fields.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 
 Dialect = Literal["realtime", "native"]
+OMIT_IF_NONE: Final = "omit_if_none"
+SCHEMA: Final = "schema"
 
 
 # -- client events (both dialects) -----------------------------------------------------------
@@ -169,10 +178,13 @@ class SessionObject:
     """Server-owned keys; every other key is the effective session config, echoed."""
 
     EXTRA_PROPERTIES: ClassVar[bool] = True
+    FLATTEN: ClassVar[str] = "config"
     id: str
     object: Literal["realtime.session"]
     model: str
-    capabilities: Capabilities
+    # The server's capabilities object as configured (web.connection.capabilities).
+    capabilities: dict[str, Any] = attrs.field(metadata={SCHEMA: Capabilities})
+    config: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen(slots=True)
@@ -206,8 +218,8 @@ class Response:
     status: Literal["in_progress", "cancelled"]
     status_details: StatusDetails | None
     output: list[Item]
-    output_modalities: list[str] | None = None
-    modalities: list[str] | None = None
+    output_modalities: list[str] | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    modalities: list[str] | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen(slots=True)

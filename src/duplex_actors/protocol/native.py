@@ -24,7 +24,8 @@ SessionClosed                      ``session.closed {session_id, reason}``
 =================================  ================================================================
 
 Native events carry no ``event_id``; they are the session's own vocabulary, one per neutral
-event, and the client's event id comes back as ``client_event_id`` where there is one.
+event, and the client's event id comes back as ``client_event_id`` where there is one. Each is
+an instance of its :mod:`.events` class (``Native*``), sent as ``codec.encode_server_event``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from typing import Any, Final
 
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS
-from .codec import SERVER_OWNED_SESSION_KEYS, parse_client_binary
+from . import events as wire
+from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, parse_client_binary
 from .errors import ProtocolError, clip
 
 __all__ = ["NativeProjection", "binary_frame", "parse_client_binary", "refusal_error", "split_binary_frame"]
@@ -60,13 +62,13 @@ def refusal_error(
     code: str, message: str, client_event_id: str | None = None, *, param: str | None = None
 ) -> dict[str, Any]:
     """A native ``error`` event (also used when no session exists)."""
-    return {
-        "type": "error",
-        "error": clip(message),
-        "code": code,
-        "client_event_id": client_event_id,
-        "param": None if param is None else clip(param, 256),
-    }
+    event = wire.NativeError(
+        error=clip(message),
+        code=code,
+        client_event_id=client_event_id,
+        param=None if param is None else clip(param, 256),
+    )
+    return encode_server_event(event)
 
 
 class NativeProjection:
@@ -93,104 +95,69 @@ class NativeProjection:
         return refusal_error(exc.code, exc.message, exc.client_event_id, param=exc.param)
 
     def closing_event(self, reason: str) -> dict[str, Any]:
-        return {"type": "session.closing", "session_id": self.session_id, "reason": reason}
+        return encode_server_event(wire.NativeSessionClosing(self.session_id, reason))
 
     def project(self, event: ev.SessionEvent) -> list[NativeMessage]:
         if self.closed:
             return []
         match event:
-            case ev.SessionCreated() | ev.SessionUpdated():
-                name = "session.created" if isinstance(event, ev.SessionCreated) else "session.updated"
-                return [
-                    {
-                        "type": name,
-                        "session_id": event.session_id,
-                        "session": self.session_object(event.config),
-                    }
-                ]
-            case ev.ResponseStarted():
-                return [{"type": "response.created", "response_id": event.response_id, "epoch": event.epoch}]
-            case ev.AudioFrame():
+            case ev.AudioFrame():  # first: the per-frame path
                 return self._audio(event)
+            case ev.SessionCreated():
+                created = wire.NativeSessionCreated(event.session_id, self.session_object(event.config))
+                return [encode_server_event(created)]
+            case ev.SessionUpdated():
+                updated = wire.NativeSessionUpdated(event.session_id, self.session_object(event.config))
+                return [encode_server_event(updated)]
+            case ev.ResponseStarted():
+                return [encode_server_event(wire.NativeResponseCreated(event.response_id, event.epoch))]
             case ev.ResponseEnded():
                 out: list[NativeMessage] = []
                 if event.audio_cleared:
-                    out.append(
-                        {
-                            "type": "output_audio_buffer.cleared",
-                            "response_id": event.response_id,
-                            "client_event_id": None,
-                        }
-                    )
-                out.append(
-                    {
-                        "type": "response.done",
-                        "response_id": event.response_id,
-                        "epoch": event.epoch,
-                        "status": "cancelled",
-                        "reason": event.reason,
-                        "transcript": event.transcript[:MAX_TRANSCRIPT_CHARS],
-                        "frames": event.frames,
-                    }
+                    out.append(encode_server_event(wire.NativeOutputCleared(event.response_id, None)))
+                done = wire.NativeResponseDone(
+                    response_id=event.response_id,
+                    epoch=event.epoch,
+                    status="cancelled",
+                    reason=event.reason,
+                    transcript=event.transcript[:MAX_TRANSCRIPT_CHARS],
+                    frames=event.frames,
                 )
+                out.append(encode_server_event(done))
                 return out
             case ev.SpeechStarted():
-                return [
-                    {
-                        "type": "input_audio_buffer.speech_started",
-                        "epoch": event.epoch,
-                        "frame_index": event.frame_index,
-                        "item_id": event.item_id,
-                    }
-                ]
+                started = wire.NativeSpeechStarted(event.epoch, event.frame_index, event.item_id)
+                return [encode_server_event(started)]
             case ev.InputCleared():
-                return [{"type": "input_audio_buffer.cleared", "client_event_id": event.client_event_id}]
+                return [encode_server_event(wire.NativeInputCleared(event.client_event_id))]
             case ev.OutputCleared():
-                return [
-                    {
-                        "type": "output_audio_buffer.cleared",
-                        "response_id": None,
-                        "client_event_id": event.client_event_id,
-                    }
-                ]
+                return [encode_server_event(wire.NativeOutputCleared(None, event.client_event_id))]
             case ev.HeartbeatAck():
-                return [{"type": "session.heartbeat_ack", "client_event_id": event.client_event_id}]
+                return [encode_server_event(wire.NativeHeartbeatAck(event.client_event_id))]
             case ev.PlaybackAcknowledged():
-                return [
-                    {
-                        "type": "playback.acknowledged",
-                        "client_event_id": event.client_event_id,
-                        "payload": dict(event.payload),
-                    }
-                ]
+                ack = wire.NativePlaybackAcknowledged(event.client_event_id, dict(event.payload))
+                return [encode_server_event(ack)]
             case ev.Error():
                 return [refusal_error(event.code, event.message, event.client_event_id, param=event.param)]
             case ev.SessionClosed():
                 self.closed = True
-                return [{"type": "session.closed", "session_id": event.session_id, "reason": event.reason}]
+                return [encode_server_event(wire.NativeSessionClosed(event.session_id, event.reason))]
         return []
 
     def _audio(self, frame: ev.AudioFrame) -> list[NativeMessage]:
         if not self.binary_output:
-            return [
-                {
-                    "type": "response.output_audio.delta",
-                    "response_id": frame.response_id,
-                    "epoch": frame.epoch,
-                    "frame_index": frame.frame_index,
-                    "audio": base64.b64encode(frame.pcm16).decode("ascii"),
-                    "text": frame.text,
-                }
-            ]
+            delta = wire.NativeOutputAudioDelta(
+                response_id=frame.response_id,
+                epoch=frame.epoch,
+                frame_index=frame.frame_index,
+                audio=base64.b64encode(frame.pcm16).decode("ascii"),
+                text=frame.text,
+            )
+            return [encode_server_event(delta)]
         out: list[NativeMessage] = [binary_frame(frame.frame_index, frame.pcm16)]
         if frame.text:
-            out.append(
-                {
-                    "type": "response.output_audio_transcript.delta",
-                    "response_id": frame.response_id,
-                    "epoch": frame.epoch,
-                    "frame_index": frame.frame_index,
-                    "text": frame.text,
-                }
+            text = wire.NativeOutputTranscriptDelta(
+                frame.response_id, frame.epoch, frame.frame_index, frame.text
             )
+            out.append(encode_server_event(text))
         return out

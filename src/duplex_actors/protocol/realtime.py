@@ -19,10 +19,12 @@ the client cancelled it, cleared the output buffer or closed the session, and
 ``session_closed``). OpenAI's ``incomplete`` means the model stopped on a token or content
 limit, which never happens here.
 
-Every event gets ``event_id = evt_<session id without sess_>_<n>`` from a counter the
-projection keeps, so a replay of the session log reproduces the ids. Transcripts in the done
-events are capped at ``MAX_TRANSCRIPT_CHARS`` and error messages at 1024 characters, which keeps
-every frame far below 1 MiB.
+The projection builds the :mod:`.events` classes and sends what the one converter makes of
+them (``codec.server_event_encoder``: ``type`` first, the beta name for beta clients). Every
+event gets ``event_id = evt_<session id without sess_>_<n>`` from a counter the projection
+keeps, so a replay of the session log reproduces the ids. Transcripts in the done events are
+capped at ``MAX_TRANSCRIPT_CHARS`` and error messages at 1024 characters, which keeps every
+frame far below 1 MiB.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ..audio import FRAME_MS, SAMPLE_RATE
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS
 from . import events as wire
-from .codec import SERVER_OWNED_SESSION_KEYS
+from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
 from .errors import ProtocolError, clip, error_type
 
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
@@ -44,15 +46,15 @@ MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
 
 def error_object(
     code: str, message: str, client_event_id: str | None = None, param: str | None = None
-) -> dict[str, Any]:
+) -> wire.ErrorDetail:
     """The ``error`` member of an ``error`` event (spec §4 error shape)."""
-    return {
-        "type": error_type(code),
-        "code": code,
-        "message": clip(message),
-        "param": None if param is None else clip(param, 256),
-        "event_id": client_event_id,
-    }
+    return wire.ErrorDetail(
+        type=error_type(code),
+        code=code,
+        message=clip(message),
+        param=None if param is None else clip(param, 256),
+        event_id=client_event_id,
+    )
 
 
 def refusal_error(
@@ -66,11 +68,11 @@ def refusal_error(
     """An ``error`` event sent when no session exists (``resource_exhausted``,
     ``model_not_found``, ``config_timeout``, ...). Nothing replays these, so the default
     ``event_id`` is random rather than derived from a session."""
-    return {
-        "type": "error",
-        "event_id": event_id or "evt_" + secrets.token_hex(12),
-        "error": error_object(code, message, client_event_id, param),
-    }
+    event = wire.RealtimeError(
+        event_id=event_id or "evt_" + secrets.token_hex(12),
+        error=error_object(code, message, client_event_id, param),
+    )
+    return encode_server_event(event)
 
 
 class RealtimeProjection:
@@ -100,7 +102,12 @@ class RealtimeProjection:
         self.closed = False
         self._suffix = session_id.removeprefix("sess_")
         self._seq = 0
-        self._names = {cls: wire.wire_type(cls, beta=beta) for cls in wire.REALTIME_SERVER_EVENTS}
+        self._encoders = {
+            cls: server_event_encoder(cls, name)
+            for cls in wire.REALTIME_SERVER_EVENTS
+            if (name := wire.wire_type(cls, beta=beta)) is not None
+        }
+        self._content_type: Literal["audio", "output_audio"] = "audio" if beta else "output_audio"
         self._previous_item_id: str | None = None  # the item before the current response's
         self._pending: list[ev.AudioFrame] = []
 
@@ -109,62 +116,60 @@ class RealtimeProjection:
         return self._seq
 
     # -- building blocks -----------------------------------------------------------------------
-    def _emit(self, out: list[dict[str, Any]], cls: type[Any], **fields: Any) -> None:
-        name = self._names[cls]
-        if name is None:
-            return
+    def _sends(self, cls: type[Any]) -> bool:
+        """Whether this vocabulary has the event (beta has no ``conversation.item.done``)."""
+        return cls in self._encoders
+
+    def _id(self) -> str:
         self._seq += 1
-        out.append({"type": name, "event_id": f"evt_{self._suffix}_{self._seq}", **fields})
+        return f"evt_{self._suffix}_{self._seq}"
 
-    def session_object(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        obj: dict[str, Any] = {
-            "id": self.session_id,
-            "object": "realtime.session",
-            "model": self.model,
-            "capabilities": self.capabilities,
-        }
-        if not self.beta:
-            obj["type"] = "realtime"
-        obj.update((k, v) for k, v in config.items() if k not in SERVER_OWNED_SESSION_KEYS)
-        return obj
+    def _encode(self, event: Any) -> dict[str, Any]:
+        # KeyError: an event this vocabulary lacks, built without asking _sends() first.
+        return self._encoders[type(event)](event)
 
-    def _item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
-        content = (
-            []
-            if transcript is None
-            else [{"type": "audio" if self.beta else "output_audio", "transcript": transcript}]
+    def _emit(self, out: list[dict[str, Any]], event: Any) -> None:
+        out.append(self._encode(event))
+
+    def session_object(self, config: Mapping[str, Any]) -> wire.SessionObject:
+        extra: dict[str, Any] = {} if self.beta else {"type": "realtime"}
+        extra.update((k, v) for k, v in config.items() if k not in SERVER_OWNED_SESSION_KEYS)
+        return wire.SessionObject(
+            id=self.session_id,
+            object="realtime.session",
+            model=self.model,
+            capabilities=self.capabilities,
+            config=extra,
         )
-        return {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": status,
-            "content": content,
-        }
+
+    def _item(
+        self, item_id: str, status: Literal["in_progress", "incomplete"], transcript: str | None
+    ) -> wire.Item:
+        content = [] if transcript is None else [wire.ItemContent(self._content_type, transcript)]
+        return wire.Item(item_id, "realtime.item", "message", "assistant", status, content)
 
     def _response(
-        self, response_id: str, status: str, reason: str | None, output: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        resp: dict[str, Any] = {
-            "id": response_id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": None if reason is None else {"type": "cancelled", "reason": reason},
-            "output": output,
-        }
+        self,
+        response_id: str,
+        status: Literal["in_progress", "cancelled"],
+        reason: str | None,
+        output: list[wire.Item],
+    ) -> wire.Response:
+        details = None if reason is None else wire.StatusDetails("cancelled", reason)
         if self.beta:
-            resp["modalities"] = ["audio", "text"]
-        else:
-            resp["output_modalities"] = ["audio"]
-        return resp
+            return wire.Response(
+                response_id, "realtime.response", status, details, output, modalities=["audio", "text"]
+            )
+        return wire.Response(
+            response_id, "realtime.response", status, details, output, output_modalities=["audio"]
+        )
 
     def error_event(
         self, code: str, message: str, client_event_id: str | None = None, param: str | None = None
     ) -> dict[str, Any]:
-        out: list[dict[str, Any]] = []
-        self._emit(out, wire.RealtimeError, error=error_object(code, message, client_event_id, param))
-        return out[0]
+        return self._encode(
+            wire.RealtimeError(self._id(), error_object(code, message, client_event_id, param))
+        )
 
     def protocol_error(self, exc: ProtocolError) -> dict[str, Any]:
         """An ``error`` event for a refusal the app answers itself (no session record)."""
@@ -172,9 +177,7 @@ class RealtimeProjection:
 
     def closing_event(self, reason: str) -> dict[str, Any]:
         """``session.closing``: the server is draining; ``session.closed`` follows."""
-        out: list[dict[str, Any]] = []
-        self._emit(out, wire.RealtimeSessionClosing, session_id=self.session_id, reason=reason)
-        return out[0]
+        return self._encode(wire.RealtimeSessionClosing(self._id(), self.session_id, reason))
 
     # -- the projection ------------------------------------------------------------------------
     def project(self, event: ev.SessionEvent) -> list[dict[str, Any]]:
@@ -182,110 +185,93 @@ class RealtimeProjection:
             return []
         out: list[dict[str, Any]] = []
         match event:
-            case ev.SessionCreated():
-                self._emit(out, wire.RealtimeSessionCreated, session=self.session_object(event.config))
-            case ev.SessionUpdated():
-                self._emit(out, wire.RealtimeSessionUpdated, session=self.session_object(event.config))
-            case ev.ResponseStarted():
-                self._started(event, out)
-            case ev.AudioFrame():
+            case ev.AudioFrame():  # first: the per-frame path
                 if self._pending and self._pending[0].response_id != event.response_id:
                     self._flush(out)
                 self._pending.append(event)
                 if len(self._pending) >= self.output_chunk_frames:
                     self._flush(out)
+            case ev.SessionCreated():
+                self._emit(out, wire.RealtimeSessionCreated(self._id(), self.session_object(event.config)))
+            case ev.SessionUpdated():
+                self._emit(out, wire.RealtimeSessionUpdated(self._id(), self.session_object(event.config)))
+            case ev.ResponseStarted():
+                self._started(event, out)
             case ev.ResponseEnded():
                 self._flush(out)
                 self._ended(event, out)
             case ev.SpeechStarted():
                 self._emit(
-                    out,
-                    wire.RealtimeSpeechStarted,
-                    audio_start_ms=event.frame_index * FRAME_MS,
-                    item_id=event.item_id,
+                    out, wire.RealtimeSpeechStarted(self._id(), event.frame_index * FRAME_MS, event.item_id)
                 )
             case ev.InputCleared():
-                self._emit(out, wire.RealtimeInputAudioBufferCleared)
+                self._emit(out, wire.RealtimeInputAudioBufferCleared(self._id()))
             case ev.OutputCleared():
-                self._emit(out, wire.RealtimeOutputAudioBufferCleared, response_id=None)
+                self._emit(out, wire.RealtimeOutputAudioBufferCleared(self._id(), response_id=None))
             case ev.HeartbeatAck():
-                self._emit(out, wire.RealtimeHeartbeatAck, client_event_id=event.client_event_id)
+                self._emit(out, wire.RealtimeHeartbeatAck(self._id(), event.client_event_id))
             case ev.PlaybackAcknowledged():
                 self._emit(
                     out,
-                    wire.RealtimePlaybackAcknowledged,
-                    client_event_id=event.client_event_id,
-                    payload=dict(event.payload),
+                    wire.RealtimePlaybackAcknowledged(self._id(), event.client_event_id, dict(event.payload)),
                 )
             case ev.Error():
                 out.append(self.error_event(event.code, event.message, event.client_event_id, event.param))
             case ev.SessionClosed():
                 self._flush(out)
-                self._emit(out, wire.RealtimeSessionClosed, session_id=event.session_id, reason=event.reason)
+                self._emit(out, wire.RealtimeSessionClosed(self._id(), event.session_id, event.reason))
                 self.closed = True
         return out
 
     def _started(self, event: ev.ResponseStarted, out: list[dict[str, Any]]) -> None:
         rid, item_id = event.response_id, event.item_id
-        self._emit(out, wire.RealtimeResponseCreated, response=self._response(rid, "in_progress", None, []))
+        self._emit(
+            out, wire.RealtimeResponseCreated(self._id(), self._response(rid, "in_progress", None, []))
+        )
         item = self._item(item_id, "in_progress", None)
-        self._emit(out, wire.RealtimeOutputItemAdded, response_id=rid, output_index=0, item=item)
-        self._emit(
-            out, wire.RealtimeConversationItemAdded, previous_item_id=self._previous_item_id, item=item
-        )
-        self._emit(
-            out,
-            wire.RealtimeContentPartAdded,
-            response_id=rid,
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            part={"type": "audio", "transcript": ""},
-        )
+        self._emit(out, wire.RealtimeOutputItemAdded(self._id(), rid, 0, item))
+        self._emit(out, wire.RealtimeConversationItemAdded(self._id(), self._previous_item_id, item))
+        part = wire.ContentPart("audio", "")
+        self._emit(out, wire.RealtimeContentPartAdded(self._id(), rid, item_id, 0, 0, part))
 
     def _flush(self, out: list[dict[str, Any]]) -> None:
         if not self._pending:
             return
         frames, self._pending = self._pending, []
         first = frames[0]
-        where = {
-            "response_id": first.response_id,
-            "item_id": first.item_id,
-            "output_index": 0,
-            "content_index": 0,
-        }
+        rid, item_id = first.response_id, first.item_id
+        pcm = first.pcm16 if len(frames) == 1 else b"".join(f.pcm16 for f in frames)
         self._emit(
             out,
-            wire.RealtimeOutputAudioDelta,
-            **where,
-            delta=base64.b64encode(b"".join(f.pcm16 for f in frames)).decode("ascii"),
-            sample_rate_hz=SAMPLE_RATE,
-            metadata={
-                "epoch": first.epoch,
-                "frame_index": first.frame_index,
-                "audio_duration_ms": FRAME_MS * len(frames),
-            },
+            wire.RealtimeOutputAudioDelta(
+                self._id(),
+                rid,
+                item_id,
+                0,
+                0,
+                delta=base64.b64encode(pcm).decode("ascii"),
+                sample_rate_hz=SAMPLE_RATE,
+                metadata=wire.AudioMetadata(first.epoch, first.frame_index, FRAME_MS * len(frames)),
+            ),
         )
         text = "".join(f.text for f in frames)
         if text:
-            self._emit(out, wire.RealtimeOutputAudioTranscriptDelta, **where, delta=text)
+            self._emit(out, wire.RealtimeOutputAudioTranscriptDelta(self._id(), rid, item_id, 0, 0, text))
 
     def _ended(self, event: ev.ResponseEnded, out: list[dict[str, Any]]) -> None:
         rid, item_id = event.response_id, event.item_id
         transcript = event.transcript[:MAX_TRANSCRIPT_CHARS]
-        where = {"response_id": rid, "item_id": item_id, "output_index": 0, "content_index": 0}
         if event.audio_cleared:
-            self._emit(out, wire.RealtimeOutputAudioBufferCleared, response_id=rid)
-        self._emit(out, wire.RealtimeOutputAudioDone, **where)
-        self._emit(out, wire.RealtimeOutputAudioTranscriptDone, **where, transcript=transcript)
-        self._emit(
-            out, wire.RealtimeContentPartDone, **where, part={"type": "audio", "transcript": transcript}
-        )
+            self._emit(out, wire.RealtimeOutputAudioBufferCleared(self._id(), rid))
+        self._emit(out, wire.RealtimeOutputAudioDone(self._id(), rid, item_id, 0, 0))
+        self._emit(out, wire.RealtimeOutputAudioTranscriptDone(self._id(), rid, item_id, 0, 0, transcript))
+        part = wire.ContentPart("audio", transcript)
+        self._emit(out, wire.RealtimeContentPartDone(self._id(), rid, item_id, 0, 0, part))
         item = self._item(item_id, "incomplete", transcript)
-        self._emit(out, wire.RealtimeOutputItemDone, response_id=rid, output_index=0, item=item)
-        self._emit(out, wire.RealtimeConversationItemDone, previous_item_id=self._previous_item_id, item=item)
-        self._emit(
-            out, wire.RealtimeResponseDone, response=self._response(rid, "cancelled", event.reason, [item])
-        )
-        self._emit(out, wire.RealtimeRateLimitsUpdated, rate_limits=[])
+        self._emit(out, wire.RealtimeOutputItemDone(self._id(), rid, 0, item))
+        if self._sends(wire.RealtimeConversationItemDone):
+            self._emit(out, wire.RealtimeConversationItemDone(self._id(), self._previous_item_id, item))
+        response = self._response(rid, "cancelled", event.reason, [item])
+        self._emit(out, wire.RealtimeResponseDone(self._id(), response))
+        self._emit(out, wire.RealtimeRateLimitsUpdated(self._id(), rate_limits=[]))
         self._previous_item_id = item_id

@@ -85,7 +85,7 @@ def object_schema(cls: type, *, type_name: str | None = None) -> dict[str, Any]:
     for field in attrs.fields(cls):
         if field.name == flatten:
             continue
-        properties[field.name] = type_schema(hints[field.name])
+        properties[field.name] = type_schema(field.metadata.get(wire.SCHEMA, hints[field.name]))
         if field.default is attrs.NOTHING:
             required.append(field.name)
     schema: dict[str, Any] = {}

@@ -1,0 +1,64 @@
+"""One representation per server event: what the projections send parses back, on the client, into
+the very ``protocol.events`` instance it was built from, in every dialect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from duplex_actors.client import OtherEvent, parse_server_event
+from duplex_actors.protocol import events as wire
+from duplex_actors.protocol.codec import encode_server_event
+from duplex_actors.protocol.native import NativeProjection
+from duplex_actors.protocol.realtime import RealtimeProjection
+
+from ..replay.test_wire import CAPS, SID, synthetic
+
+# Per variant, the classes it never sends.
+NOT_SENT: dict[str, set[type[Any]]] = {
+    "ga": set(),
+    "beta": {wire.RealtimeConversationItemDone},
+    "native": {wire.NativeOutputTranscriptDelta},
+    "native-binary": {wire.NativeOutputAudioDelta},
+}
+
+
+def _messages(dialect: str) -> list[dict[str, Any]]:
+    projection: Any = (
+        NativeProjection(SID, capabilities=CAPS, binary_output=dialect == "native-binary")
+        if dialect.startswith("native")
+        else RealtimeProjection(SID, "tiny", CAPS, beta=dialect == "beta")
+    )
+    out = [projection.closing_event("server_shutdown")]
+    for event in synthetic():
+        out += [m for m in projection.project(event) if isinstance(m, dict)]
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(NOT_SENT))
+def test_every_message_parses_into_its_class_and_encodes_back_to_itself(variant: str) -> None:
+    native = variant.startswith("native")
+    classes = wire.NATIVE_SERVER_EVENTS if native else wire.REALTIME_SERVER_EVENTS
+    seen = set()
+    for message in _messages(variant):
+        parsed = parse_server_event(message, dialect="native" if native else "realtime")
+        assert type(parsed.wire) in classes, message["type"]
+        seen.add(type(parsed.wire))
+        again = encode_server_event(parsed.wire)
+        again["type"] = message["type"]  # the converter writes the GA name; beta renames in place
+        assert list(again.items()) == list(message.items())
+    assert set(classes) - seen == NOT_SENT[variant]  # the synthetic stream has every event
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "error"},
+        {"type": "response.output_audio.delta", "delta": 5},
+        {"type": "session.created", "event_id": "e", "session": {"id": "s"}},
+    ],
+)
+def test_a_message_that_is_not_a_valid_event_is_other_with_no_wire(message: dict[str, Any]) -> None:
+    parsed = parse_server_event(message)
+    assert isinstance(parsed, OtherEvent) and parsed.wire is None and parsed.type == message["type"]
