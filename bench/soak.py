@@ -40,7 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import trio
@@ -189,7 +189,7 @@ async def one_session(
                 # Abrupt: RST, no close frame, then leave without a goodbye.
                 result.frames_sent = client.frames_sent
                 result.frames_received = client.frames_received
-                sock = client.ws._stream.socket
+                sock = cast(trio.SocketStream, client.ws._stream).socket
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 await client.ws._stream.aclose()
                 raise _Cut

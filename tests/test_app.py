@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from duplex_actors.replay.replayer import replay_logic
 
@@ -40,7 +41,8 @@ def test_serve_reaches_ready_with_a_warm_up_session_and_stops_on_sigterm(tmp_pat
     )
     try:
         deadline = time.monotonic() + 60
-        status, body = 0, {}
+        status: int = 0
+        body: dict[str, Any] = {}
         while time.monotonic() < deadline:
             try:
                 status, body = get(f"http://127.0.0.1:{port}/ready")

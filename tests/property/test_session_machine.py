@@ -125,7 +125,7 @@ class SessionMachine(RuleBasedStateMachine):
         self._tmp = tempfile.TemporaryDirectory(prefix="duplex-prop-")
         self.log_dir = Path(self._tmp.name)
         self.sessions: dict[str, dict] = {}
-        self._server_done = None
+        self._server_done: trio.Event | None = None
         try:
             self.loop = LoopThread()
         except BaseException:
@@ -136,7 +136,7 @@ class SessionMachine(RuleBasedStateMachine):
     async def _start(self) -> None:
         started = trio.Event()
         self._stop_server = trio.Event()
-        self._server_done = trio.Event()
+        self._server_done = done = trio.Event()
 
         async def serve() -> None:
             try:
@@ -145,7 +145,7 @@ class SessionMachine(RuleBasedStateMachine):
                     started.set()
                     await self._stop_server.wait()
             finally:
-                self._server_done.set()
+                done.set()
 
         self.loop.nursery.start_soon(serve)
         await started.wait()
@@ -330,13 +330,14 @@ class SessionMachine(RuleBasedStateMachine):
 
     def _teardown(self) -> None:
         try:
-            if self._server_done is not None:
+            done = self._server_done
+            if done is not None:
                 self._drain()
                 self._check_every_frame_accounted()
 
                 async def stop():
                     self._stop_server.set()
-                    await self._server_done.wait()
+                    await done.wait()
 
                 self.loop.call(stop)
                 # Shutting down closes the sessions still open: their frames are all answered.

@@ -300,7 +300,7 @@ async def run_batch(url: str, batch: tuple[Fuzz, ...], stats: Counter[str], fenc
             await c.send_raw(data)
             await c.send_raw(json.dumps({"type": "session.heartbeat", "event_id": fence}))
             ack = await c.wait_until(
-                lambda f=fence, s=since: next(
+                lambda f=fence, s=since: next(  # type: ignore[misc]
                     (
                         i
                         for i, m in enumerate(c.messages[s:], s)

@@ -4,6 +4,7 @@ a real S3 store (SeaweedFS), ``s3://`` URLs, pause/resume of a holder."""
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,7 +134,7 @@ async def test_a_reserved_slot_is_taken_by_open_session_or_released(parrot_engin
 
 
 async def test_finished_logs_are_announced(parrot_engine, tmp_path, autojump_clock):
-    finished: list[tuple[str, object]] = []
+    finished: list[tuple[str, Path]] = []
     async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
         server.on_log_finished.append(lambda sid, path: finished.append((sid, path)))
         session = await server.open_session()

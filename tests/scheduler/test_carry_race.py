@@ -3,6 +3,9 @@ reset lands while another slot's reset is being applied (found in review)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
@@ -17,7 +20,7 @@ class Engine:
     def __init__(self) -> None:
         self.slots = 2
         self.calls: list[tuple] = []
-        self.on_reset = None
+        self.on_reset: Callable[[int], Any] | None = None
 
     def reset(self, slot, prompt):
         self.calls.append(("reset", slot, prompt))
@@ -34,7 +37,7 @@ class Engine:
 
 class Sink:
     def __init__(self) -> None:
-        self.results = []
+        self.results: list[Any] = []
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)

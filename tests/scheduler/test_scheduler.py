@@ -6,6 +6,8 @@ tests/test_server.py and tests/property).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
@@ -35,7 +37,7 @@ class RecordingEngine:
 
 class Sink:
     def __init__(self) -> None:
-        self.results = []
+        self.results: list[Any] = []
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)
