@@ -67,7 +67,7 @@ class Setup:
 
         self.device, self.dtype, self.tiny = device, dtype, tiny
         lm_config: dict[str, Any] = dict(TINY_LM) if tiny else {}
-        self.lm_kwargs = dict(loaders._lm_kwargs)
+        self.lm_kwargs: dict[str, Any] = dict(loaders._lm_kwargs)
         self.lm_kwargs.update(lm_config, dep_q=AGENT_STEPS, depformer_context=AGENT_STEPS)
         self.mimi_config = tiny_mimi_config() if tiny else None
 

@@ -201,7 +201,7 @@ def run_server(
         _, after = get(base + "/metrics")
         steps = [metric(t, "duplex_step_duration_seconds_count") for t in (before, after)]
         sums = [metric(t, "duplex_step_duration_seconds_sum") for t in (before, after)]
-        if None not in steps and None not in sums and steps[1] != steps[0]:  # type: ignore[operator]
+        if None not in steps and None not in sums and steps[1] != steps[0]:
             result["server_step_ms_mean"] = round(1000 * (sums[1] - sums[0]) / (steps[1] - steps[0]), 2)  # type: ignore[operator]
         report = out / "ramp" / "load.json"
         if report.exists():

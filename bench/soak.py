@@ -39,14 +39,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from duplex_actors.client.audio import FRAME_SAMPLES, EncodedAudio, encode_audio, speech_like
+from duplex_actors.audio import FRAME_SAMPLES
+from duplex_actors.client.audio import EncodedAudio, encode_audio, speech_like
 from duplex_actors.client.connection import open_duplex_client
 from duplex_actors.client.errors import DuplexError, ResourceExhausted
 from duplex_actors.client.events import AudioDelta, Error, ServerEvent
@@ -189,7 +190,7 @@ async def one_session(
                 # Abrupt: RST, no close frame, then leave without a goodbye.
                 result.frames_sent = client.frames_sent
                 result.frames_received = client.frames_received
-                sock = client.ws._stream.socket
+                sock = cast(trio.SocketStream, client.ws._stream).socket
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 await client.ws._stream.aclose()
                 raise _Cut

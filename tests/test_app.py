@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -46,7 +47,8 @@ def test_serve_reaches_ready_with_a_warm_up_session_and_stops_on_sigterm(tmp_pat
     )
     try:
         deadline = time.monotonic() + 60
-        status, body = 0, {}
+        status: int = 0
+        body: dict[str, Any] = {}
         while time.monotonic() < deadline:
             try:
                 status, body = get(f"http://127.0.0.1:{port}/ready")
@@ -126,8 +128,8 @@ def test_hypercorns_factory_form_gives_the_guarded_app(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DUPLEX_LOG_DIR", str(tmp_path))
     monkeypatch.setenv("DUPLEX_MAX_SESSIONS", "3")
-    factory = load_application("duplex_actors.app:create_app()", 0).app
+    factory = cast(Any, load_application("duplex_actors.app:create_app()", 0)).app
     assert isinstance(factory, DuplexApp) and isinstance(factory, GuardedApp)
     assert factory.holder.config.max_sessions == 3
-    lazy = load_application("duplex_actors.app:app", 0).app
+    lazy = cast(Any, load_application("duplex_actors.app:app", 0)).app
     assert isinstance(lazy, LazyApp) and isinstance(lazy.load(), DuplexApp)

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from duplex_actors.client.audio import float_to_pcm16, speech_like
+from duplex_actors.audio import float_to_pcm16
+from duplex_actors.client.audio import speech_like
 from tests.e2e.conftest import ServerProcess, start_server
 
 API_KEY = "sk-client-test"

@@ -10,10 +10,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from duplex_actors.audio import FRAME_SAMPLES, float_to_pcm16
 from duplex_actors.client.audio import (
-    FRAME_SAMPLES,
     WavError,
-    float_to_pcm16,
     pad_to_frames,
     pcm16_to_float,
     read_wav,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import trio
 
+from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.client import (
     AudioDelta,
     ConfigRefused,
@@ -25,7 +26,7 @@ from duplex_actors.client import (
     create_duplex_session_config,
     open_duplex_client,
 )
-from duplex_actors.client.audio import FRAME_SAMPLES, pcm16_to_float, rms, speech_like
+from duplex_actors.client.audio import pcm16_to_float, rms, speech_like
 from tests.e2e.conftest import ServerProcess
 from tests.e2e.helpers import wait_idle
 

@@ -100,15 +100,71 @@ def test_refusals_and_closing_parse() -> None:
     assert isinstance(parsed, SessionClosing) and parsed.reason == "server_shutdown"
 
 
-def test_odd_shapes_never_raise() -> None:
-    for obj in (
-        {},
-        {"type": 5},
-        {"type": "error"},
-        {"type": "response.done", "response": []},
-        {"type": "x.y"},
-    ):
-        parse_server_event(obj)
+@pytest.mark.parametrize(
+    ("obj", "dialect", "expected"),
+    [
+        ({}, "realtime", OtherEvent(type="", raw={}, received_at=0.0, seq=0)),
+        ({"type": 5}, "realtime", OtherEvent(type="", raw={}, received_at=0.0, seq=0)),
+        ({"type": "x.y"}, "native", OtherEvent(type="x.y", raw={}, received_at=0.0, seq=0)),
+        (
+            {"type": "error"},
+            "realtime",
+            Error(type="error", raw={}, received_at=0.0, seq=0, code="unknown", message="", event_id=None),
+        ),
+        (
+            {"type": "error", "error": {"code": 7, "event_id": ["x"]}},
+            "realtime",
+            Error(type="error", raw={}, received_at=0.0, seq=0, code="unknown", message="", event_id=None),
+        ),
+        (
+            {"type": "response.done", "response": []},
+            "realtime",
+            ResponseDone(
+                type="response.done",
+                raw={},
+                received_at=0.0,
+                seq=0,
+                response_id="",
+                status="",
+                reason=None,
+                transcript="",
+            ),
+        ),
+        (
+            {"type": "response.output_audio.delta", "metadata": [], "response_id": 3},
+            "realtime",
+            AudioDelta(
+                type="response.output_audio.delta",
+                raw={},
+                received_at=0.0,
+                seq=0,
+                response_id=None,
+                epoch=0,
+                frame_index=0,
+                pcm16=b"",
+            ),
+        ),
+        (
+            {"type": "session.created", "session": "nope"},
+            "realtime",
+            SessionCreated(type="session.created", raw={}, received_at=0.0, seq=0, session_id="", session={}),
+        ),
+        (
+            {"type": "session.closed", "reason": None},
+            "native",
+            SessionClosed(type="session.closed", raw={}, received_at=0.0, seq=0, session_id="", reason=""),
+        ),
+    ],
+)
+def test_odd_shapes_never_raise_and_read_as_empty(
+    obj: dict[str, Any], dialect: Dialect, expected: Any
+) -> None:
+    """A missing or mistyped field reads as empty, an unknown or missing type as OtherEvent; the
+    raw object is kept as received."""
+    got = parse_server_event(obj, dialect=dialect, received_at=1.5, seq=4)
+    assert type(got) is type(expected)
+    assert got == expected  # raw, received_at and seq are not compared (eq=False) ...
+    assert got.raw is obj and got.received_at == 1.5 and got.seq == 4  # ... so check them here
 
 
 def test_client_messages_parse_on_the_server() -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.client import open_duplex_client
-from duplex_actors.client.audio import FRAME_SAMPLES, read_wav, rms
+from duplex_actors.client.audio import read_wav, rms
 from tests.e2e.conftest import ServerProcess
 from tests.e2e.helpers import wait_idle
 

@@ -139,6 +139,7 @@ class Client:
                 self.messages.append(msg)
                 self._poke()
         except ConnectionClosed as exc:
+            assert exc.reason is not None
             self.close_code = exc.reason.code
             self.close_reason = exc.reason.reason
         finally:
@@ -174,7 +175,7 @@ class Client:
             hits = [m for m in self.events(since=since) if m.get("type") == type_]
             return hits[count - 1] if len(hits) >= count else None
 
-        return await self.wait_until(found, timeout, what=f"{count} x {type_}")  # type: ignore[no-any-return]
+        return await self.wait_until(found, timeout, what=f"{count} x {type_}")
 
     async def wait_error(self, code: str, *, timeout: float = WAIT_S, since: int = 0) -> dict[str, Any]:
         def found() -> Any:
@@ -183,7 +184,7 @@ class Client:
                     return m
             return None
 
-        return await self.wait_until(found, timeout, what=f"error {code}")  # type: ignore[no-any-return]
+        return await self.wait_until(found, timeout, what=f"error {code}")
 
     async def wait_closed(self, timeout: float = WAIT_S) -> None:
         with trio.fail_after(timeout):

@@ -95,7 +95,7 @@ async def test_a_replacement_right_after_session_closed_is_admitted(parrot_serve
             async with connect(parrot_server.ws + "/v1/realtime") as c:
                 await c.wait_for("session.created")
                 await c.append(one_frame(i))
-                await c.wait_until(lambda c=c: c.output_frames() == 1)
+                await c.wait_until(lambda c=c: c.output_frames() == 1)  # type: ignore[misc]
                 await c.send({"type": "session.close"})
                 closed = await c.wait_for("session.closed")
                 assert closed["reason"] == "client_close"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ async def test_chunk_size_does_not_change_the_output(parrot_server):
 # -- refusals ------------------------------------------------------------------------------------
 NAN_F32 = f32(np.array([0.1, np.nan, 0.2, 0.3], dtype=np.float32))
 INF_F32 = f32(np.array([0.1, np.inf, 0.2, -0.3], dtype=np.float32))
-REFUSALS = [
+REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("invalid base64", {"type": "input_audio_buffer.append", "audio": "not base64!!"}, "bad_audio"),
     ("base64 padding", {"type": "input_audio_buffer.append", "audio": "AAA"}, "bad_audio"),
     ("odd pcm16 length", {"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03")}, "bad_audio"),

@@ -33,6 +33,7 @@ async def test_sigterm_closes_every_session_with_1012_and_exits_0(fresh_server):
                             started = True
                             task_status.started()
             except ConnectionClosed as closed:
+                assert closed.reason is not None
                 codes[i] = closed.reason.code
 
     async with trio.open_nursery() as nursery:
@@ -50,7 +51,7 @@ async def test_sigterm_closes_every_session_with_1012_and_exits_0(fresh_server):
     closes = []
     for path in logs:
         recs = [rec for _, rec in read_log(path).records]
-        assert isinstance(recs[-1], r.End), path
+        assert isinstance(recs[-1], r.End) and isinstance(recs[-2], r.Close), path
         closes.append(recs[-2].reason)
         assert replay_logic(path).identical
     assert closes.count("server_shutdown") == 2

@@ -114,7 +114,7 @@ def test_hypercorn_trio_worker_serves_with_env_settings(tmp_path, parrot_dir):
         assert json.loads(body)["slots_total"] == 3
 
         async def talk() -> list[str]:
-            headers = [("Authorization", "Bearer sekrit")]
+            headers = [(b"Authorization", b"Bearer sekrit")]
             async with open_websocket_url(f"ws://127.0.0.1:{port}/v1/realtime", extra_headers=headers) as ws:
                 types = []
                 pcm = base64.b64encode(b"\x10\x00" * 1920).decode()
@@ -148,6 +148,7 @@ async def test_an_oversize_message_closes_1009_and_frees_the_slot_at_once(fresh_
                     while True:
                         await ws.get_message()
         except ConnectionClosed as closed:
+            assert closed.reason is not None
             code = closed.reason.code
         assert code == 1009
         with trio.fail_after(5):

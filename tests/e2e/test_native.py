@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 import trio
@@ -97,7 +98,7 @@ async def test_binary_input_gives_the_same_output_as_base64_appends(parrot_serve
 async def test_binary_output_frames(parrot_server, where):
     samples = audio(23)
     reference = await realtime_reference(parrot_server, samples)
-    create = {"type": "session.create", "session": {}}
+    create: dict[str, Any] = {"type": "session.create", "session": {}}
     if where == "top":
         create["binary_output"] = True
     else:

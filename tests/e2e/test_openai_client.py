@@ -26,6 +26,7 @@ async def sdk_session(port: int, audio: bytes, api_key: str = "k") -> dict[str, 
     report: dict[str, Any] = {"sent": [], "received": [], "parsed": []}
     async with client.realtime.connect(model="tiny-parrot") as conn:
         ws = conn._connection  # the websockets connection the SDK opened
+        assert ws.request is not None
         report["path"] = ws.request.path
         report["headers"] = {k.lower(): v for k, v in ws.request.headers.raw_items()}
         report["subprotocol"] = ws.subprotocol
@@ -35,7 +36,7 @@ async def sdk_session(port: int, audio: bytes, api_key: str = "k") -> dict[str, 
             report["sent"].append(json.loads(data))
             await send(data, *args, **kwargs)
 
-        ws.send = recording_send
+        ws.send = recording_send  # type: ignore[method-assign,assignment]
 
         async def next_event() -> Any:
             raw = await asyncio.wait_for(conn.recv_bytes(), 10)
@@ -69,7 +70,7 @@ async def sdk_session(port: int, audio: bytes, api_key: str = "k") -> dict[str, 
                 out += base64.b64decode(event.delta)
             assert event.type != "error", event
         report["audio"] = out
-        await conn.send({"type": "session.close"})  # not in the SDK's types: a raw dict
+        await conn.send({"type": "session.close"})  # type: ignore[arg-type]  # not in the SDK's types
         while True:
             event = await next_event()
             if event.type == "session.closed":

@@ -50,14 +50,24 @@ def frames(n: int, seed: int = 0) -> bytes:
     return pcm16(tone_and_noise(n * FRAME_SAMPLES / 24_000, seed=seed))
 
 
+async def barrier(c: Client, event_id: str = "barrier") -> None:
+    """An ordering barrier: send ``session.heartbeat`` and wait for its ack. The session core
+    answers commands in order, so everything the commands sent before it caused (and every step
+    result already in) has arrived before the ack."""
+    before = len(c.messages)
+    await c.send({"type": "session.heartbeat", "event_id": event_id})
+    ack = await c.wait_for("session.heartbeat_ack", since=before)
+    assert ack["client_event_id"] == event_id
+
+
 # -- handshake ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("query", ["", "?duplex=1", "?duplex=1&model=tiny-parrot"])
 async def test_session_created_at_connect_then_updated_with_the_same_session(parrot_server, query):
     async with connect(f"{parrot_server.ws}/v1/realtime{query}") as c:
         await c.wait_for("session.updated")
-        await trio.sleep(0.2)
-        assert c.types() == ["session.created", "session.updated"]
-        created, updated = c.events()
+        await barrier(c)
+        assert c.types() == ["session.created", "session.updated", "session.heartbeat_ack"]
+        created, updated, _ = c.events()
         assert created["session"] == updated["session"]
         session = created["session"]
         assert re.fullmatch(r"sess_[0-9a-f]{24}", session["id"])
@@ -85,8 +95,7 @@ async def test_session_ids_are_unique_and_client_ids_are_ignored(parrot_server):
 
 async def test_autostart_0_waits_then_session_update_opens_with_its_config(parrot_server):
     async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1&autostart=0") as c:
-        await trio.sleep(0.5)
-        assert c.messages == []  # nothing before the first client message
+        await trio.sleep(0.5)  # a slow client: the server must wait for its first message
         await c.send(
             {
                 "type": "session.update",
@@ -95,9 +104,11 @@ async def test_autostart_0_waits_then_session_update_opens_with_its_config(parro
             }
         )
         await c.wait_for("session.updated")
-        await trio.sleep(0.2)
-        assert c.types() == ["session.created", "session.updated"]
-        created, updated = c.events()
+        await barrier(c)
+        # Nothing before the first client message: whatever the server had sent while the client
+        # waited would come before session.created, and that carries the update's config.
+        assert c.types() == ["session.created", "session.updated", "session.heartbeat_ack"]
+        created, updated, _ = c.events()
         assert created["session"] == updated["session"]
         assert created["session"]["voice"] == "NATM1.pt"
         assert created["session"]["instructions"] == "Be brief."
@@ -106,9 +117,8 @@ async def test_autostart_0_waits_then_session_update_opens_with_its_config(parro
 
 
 async def test_autostart_0_other_first_message_opens_a_default_session_and_is_processed(parrot_server):
+    # That nothing comes before the first client message: the test above (by ordering).
     async with connect(f"{parrot_server.ws}/v1/realtime?autostart=0") as c:
-        await trio.sleep(0.3)
-        assert c.messages == []
         await c.append(frames(3), event_id="a1")
         await c.wait_until(lambda: c.output_frames() == 3, what="3 output frames")
         types = c.types()
@@ -173,7 +183,7 @@ async def test_output_never_exceeds_input_and_comes_in_whole_frames(parrot_serve
         # 1000 samples per chunk: frames straddle chunks, the tail must be kept.
         await feed(c, audio, 2000, pace=2.0)
         await c.wait_until(lambda: c.output_frames() >= 25, timeout=20, what="25 frames")
-        await trio.sleep(0.3)
+        await barrier(c)
         deltas = c.deltas()
         assert not violations, violations
         assert c.output_frames() == 25
@@ -201,6 +211,7 @@ async def test_output_never_exceeds_input_and_comes_in_whole_frames(parrot_serve
         assert c.close_code == 1000
         # Nothing but the response's terminal group between the last delta and session.closed.
         assert c.types()[-1] == "session.closed"
+        assert c.output_frames() == 25 and not violations  # session.closed is the last event
 
 
 async def test_heartbeat_playback_ack_and_input_clear(parrot_server):
@@ -217,10 +228,13 @@ async def test_heartbeat_playback_ack_and_input_clear(parrot_server):
         await c.wait_for("input_audio_buffer.cleared")
         await c.append(frames(1, seed=9))
         await c.wait_until(lambda: c.output_frames() == 1)
-        await trio.sleep(0.3)
+        await barrier(c)
         assert c.output_frames() == 1
         assert c.deltas()[0]["metadata"]["frame_index"] == 0
         assert c.deltas()[0]["metadata"]["epoch"] == 0  # an input clear changes no epoch
+        await c.send({"type": "session.close"})
+        await c.wait_for("session.closed")  # always the last event: no frame came after all
+        assert c.output_frames() == 1
 
 
 # -- cancel / output-buffer clear --------------------------------------------------------------

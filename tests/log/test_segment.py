@@ -121,7 +121,12 @@ def test_bad_magic_is_corruption_at_offset_zero(data: bytes) -> None:
 
 
 def test_truncation_at_every_offset_keeps_the_whole_records_before_the_cut() -> None:
-    recs = [r.Cancel(), r.Append(audio=b"\x10\x20" * 40), r.Close(reason="x"), r.End("a", "b", 1, 2)]
+    recs: list[r.Record] = [
+        r.Cancel(),
+        r.Append(audio=b"\x10\x20" * 40),
+        r.Close(reason="x"),
+        r.End("a", "b", 1, 2),
+    ]
     data, offsets = log_bytes(recs)
     boundaries = {*offsets, len(data)}
     for cut in range(len(data) + 1):

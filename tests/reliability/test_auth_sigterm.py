@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import time
+from typing import cast
 
 import pytest
 import trio
@@ -81,7 +82,9 @@ async def upgrade_refusal(port: int, path: str, headers: dict[str, str]) -> tupl
             while b"\r\n\r\n" not in data:
                 data += await stream.receive_some(65536)
             head, _, body = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"content-length: *(\d+)", head, re.IGNORECASE).group(1))
+            found = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
+            assert found is not None, head
+            length = int(found.group(1))
             while len(body) < length:
                 body += await stream.receive_some(65536)
     return head.decode("latin-1"), body
@@ -127,10 +130,12 @@ async def test_sigterm_with_live_sessions_exits_0_within_the_drain_time(tmp_path
     finally:
         server.stop()
     ends = {}
-    for path in server.log_dir.glob("*.dlog"):
-        recs = [rec for _, rec in read_log(path).records]
-        ends[path.stem] = recs[-2].reason if isinstance(recs[-1], r.End) else "no end record"
-        assert replay_logic(path).identical, path
+    for log_path in server.log_dir.glob("*.dlog"):
+        recs = [rec for _, rec in read_log(log_path).records]
+        ends[log_path.stem] = (
+            cast(r.Close, recs[-2]).reason if isinstance(recs[-1], r.End) else "no end record"
+        )
+        assert replay_logic(log_path).identical, log_path
     record(
         stuck_client=stuck,
         drain_timeout_s=DRAIN_S,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
@@ -307,7 +308,7 @@ async def test_a_slow_consumer_that_goes_away_leaves_no_connection_behind(tmp_pa
     record(
         frames_sent_until_blocked=sent,
         client_blocked_after_s=round(blocked_s, 2),
-        session_close=recs[-2].reason,
+        session_close=cast(r.Close, recs[-2]).reason,
         drain_timeout_s=1,
         sigterm_exit_s=round(exit_s, 2),
         exit_code=rc,

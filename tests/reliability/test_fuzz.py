@@ -300,7 +300,7 @@ async def run_batch(url: str, batch: tuple[Fuzz, ...], stats: Counter[str], fenc
             await c.send_raw(data)
             await c.send_raw(json.dumps({"type": "session.heartbeat", "event_id": fence}))
             ack = await c.wait_until(
-                lambda f=fence, s=since: next(
+                lambda f=fence, s=since: next(  # type: ignore[misc]
                     (
                         i
                         for i, m in enumerate(c.messages[s:], s)
@@ -416,26 +416,15 @@ def parser_inputs(draw: st.DrawFn) -> tuple[str, str | bytes]:
     return dialect, draw(fuzz_messages(dialect, small=True))[0]
 
 
-PARSER_STATS: Counter[str] = Counter()
-
-
-@settings(
-    max_examples=PARSER_EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-@given(parser_inputs())
-def test_sans_io_parser_raises_only_protocol_errors(case: tuple[str, str | bytes]) -> None:
-    dialect, data = case
-    PARSER_STATS["examples"] += 1
+def parse_one(dialect: str, data: str | bytes, stats: Counter[str]) -> None:
+    """Only ``ProtocolError`` may come out of the sans-io parsers; counts what happened."""
+    stats["examples"] += 1
     if isinstance(data, str):
         try:
             codec.parse_client_text(data, dialect=dialect)  # type: ignore[arg-type]
-            PARSER_STATS["parsed"] += 1
+            stats["parsed"] += 1
         except ProtocolError as err:
-            PARSER_STATS[f"refused:{err.code}"] += 1
+            stats[f"refused:{err.code}"] += 1
     # The whole dialect parse: also decodes audio, normalizes session config, builds the command.
     parser: Any = (
         RealtimeDialect(model="tiny-parrot", capabilities={}, beta=False)
@@ -444,13 +433,31 @@ def test_sans_io_parser_raises_only_protocol_errors(case: tuple[str, str | bytes
     )
     try:
         parser.parse(data, {})
-        PARSER_STATS["commands"] += 1
+        stats["commands"] += 1
     except ProtocolError:
-        PARSER_STATS["command_refused"] += 1
+        stats["command_refused"] += 1
 
 
-def test_sans_io_fuzz_summary(record) -> None:
-    """Runs after the parser fuzz in file order; reports its numbers."""
-    record(**{k.replace(":", "_"): v for k, v in sorted(PARSER_STATS.items())})
-    if PARSER_STATS:
-        assert PARSER_STATS["examples"] >= PARSER_EXAMPLES * 0.9
+def test_sans_io_parser_raises_only_protocol_errors(record) -> None:
+    """Thousands of examples through both parsers (self-contained: the counts are this test's own),
+    then the numbers, and that the fuzz reached both outcomes of each parser."""
+    stats: Counter[str] = Counter()
+
+    # Generating these inputs (recursive JSON, schema-derived events, base64 audio) can pass the
+    # too_slow threshold on a loaded CI machine; that is the machine, not the strategy.
+    @settings(
+        max_examples=PARSER_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(parser_inputs())
+    def check(case: tuple[str, str | bytes]) -> None:
+        parse_one(*case, stats)
+
+    check()
+    record(**{k.replace(":", "_"): v for k, v in sorted(stats.items())})
+    assert stats["examples"] >= PARSER_EXAMPLES * 0.9, stats
+    assert stats["parsed"] > 0 and sum(v for k, v in stats.items() if k.startswith("refused:")) > 0, stats
+    assert stats["commands"] > 0 and stats["command_refused"] > 0, stats

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from duplex_actors.log import records as r
+
 from ..e2e.conftest import http_get, start_server
 from ..e2e.test_hardening import UPGRADE, raw_exchange
 from .conftest import (
@@ -76,7 +78,7 @@ async def test_upgrade_with_trailing_bytes_drops_only_that_connection_and_counts
     trailing = [b"\x00\x01garbage", b"\x88\x80\x00\x00\x00\x00" * 3, b"GET / HTTP/1.1\r\n\r\n"]
     for extra in trailing:
         request = UPGRADE.format(extra="").encode() + extra
-        await trio.to_thread.run_sync(lambda r=request: raw_exchange(wire_server.port, r, read_for=0.5))
+        await trio.to_thread.run_sync(lambda r=request: raw_exchange(wire_server.port, r, read_for=0.5))  # type: ignore[misc]
     await trio.sleep(0.2)
     after_text = await ametrics(wire_server)
     after = metric_sum(after_text, "duplex_connection_errors_total")
@@ -139,7 +141,7 @@ async def test_deflate_offer_is_ignored_and_a_compression_bomb_is_a_protocol_err
     assert peak - rss_before < 32 * 1024  # nothing was inflated
     assert wire_server.proc.poll() is None
     recs = await finished_log(wire_server.log_dir, created["session"]["id"])
-    assert recs[-2].reason == "disconnect"
+    assert isinstance(recs[-2], r.Close) and recs[-2].reason == "disconnect"
     await wait_slots_free(wire_server)
     await usable(wire_server)
 
@@ -220,7 +222,7 @@ async def test_oversize_message_closes_1009_and_the_server_is_fine(wire_server, 
     )
     assert ws.close_code == 1009
     assert "error" not in ws.types()
-    assert recs[-2].reason in ("disconnect", "client_close", "error")
+    assert isinstance(recs[-2], r.Close) and recs[-2].reason in ("disconnect", "client_close", "error")
     assert_replays(wire_server.log_dir, session_id)
     assert http_get(wire_server.base + "/health")[0] == 200
     await usable(wire_server)

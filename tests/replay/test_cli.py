@@ -83,6 +83,7 @@ def test_a_tampered_event_stream_is_a_divergence(corpus):
     records = [rec for _, rec in result.records]
     i = next(k for k, rec in enumerate(records) if isinstance(rec, r.Step))
     step = records[i]
+    assert isinstance(step, r.Step)
     records[i] = r.Step(
         step.epoch,
         step.frame_index,

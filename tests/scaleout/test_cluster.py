@@ -304,7 +304,8 @@ async def test_a_full_process_503_is_redispatched_unseen_and_slots_are_reserved_
         # HAProxy sees no connection on gpu0, so leastconn keeps trying it: every such attempt
         # is refused with 503 at the upgrade and retried on another process.
         stat_before = cl.haproxy.stat()
-        redispatched, straight = [], []
+        redispatched: list[float] = []
+        straight: list[float] = []
         for _ in range(2 * SLOTS):
             before = cl.refused(full)
             live = await open_live(nursery, cl)

@@ -4,6 +4,8 @@ a real S3 store (SeaweedFS), ``s3://`` URLs, pause/resume of a holder."""
 from __future__ import annotations
 
 import types
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,7 +135,7 @@ async def test_a_reserved_slot_is_taken_by_open_session_or_released(parrot_engin
 
 
 async def test_finished_logs_are_announced(parrot_engine, tmp_path, autojump_clock):
-    finished: list[tuple[str, object]] = []
+    finished: list[tuple[str, Path]] = []
     async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
         server.on_log_finished.append(lambda sid, path: finished.append((sid, path)))
         session = await server.open_session()
@@ -145,10 +147,11 @@ async def test_finished_logs_are_announced(parrot_engine, tmp_path, autojump_clo
 
 def test_pause_and_resume_of_a_holder():
     holder = ModelHolder(ServerConfig())
-    holder.server = types.SimpleNamespace(accepting=True, not_accepting_reason="")
+    server: Any = types.SimpleNamespace(accepting=True, not_accepting_reason="")
+    holder.server = server
     holder.pause()
-    assert holder.server.accepting is False and "draining" in holder.server.not_accepting_reason
-    assert holder.resume() and holder.server.accepting is True
+    assert server.accepting is False and "draining" in server.not_accepting_reason
+    assert holder.resume() and server.accepting is True
     holder.draining = True
     assert holder.resume() is False
 

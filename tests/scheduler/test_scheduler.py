@@ -7,6 +7,7 @@ tests/test_server.py and tests/property).
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import trio
 import trio.testing
 
 from duplex_actors.audio import FRAME_SAMPLES
-from duplex_actors.model.engine import EngineDescription, StepOutput
+from duplex_actors.model.engine import EngineDescription, SessionPrompt, StepOutput
 from duplex_actors.model.family import MoshiFamily
 from duplex_actors.scheduler.actor import ResourceExhausted, Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME, Threads
@@ -49,7 +50,7 @@ class RecordingEngine:
 
 class Sink:
     def __init__(self) -> None:
-        self.results = []
+        self.results: list[Any] = []
 
     def deliver_nowait(self, result) -> None:
         self.results.append(result)
@@ -263,12 +264,12 @@ async def test_prepare_runs_in_a_worker_thread_under_virtual_time_when_asked(aut
         threads["reset"] = threading.get_ident()
         engine.calls.append(("reset", slot, prompt))
 
-    engine.prepare, engine.reset = slow_prepare, reset
+    engine.prepare, engine.reset = slow_prepare, reset  # type: ignore[method-assign]
     sched = Scheduler(engine, clock=VIRTUAL_TIME, prepare_executor=Threads())
     async with trio.open_nursery() as nursery:
         await nursery.start(sched.run)
         s = sched.admit(Sink())
-        sched.request_reset(s, 0, "p")
+        sched.request_reset(s, 0, SessionPrompt(persona="p"))
         sched.submit_nowait(s, 0, frame(3))
         with trio.fail_after(5):
             while "prepare" not in threads:

@@ -23,7 +23,7 @@ HEADER = r.Header(1, SID, "tiny", "", "float32", {}, {}, "realtime", {}, "0", 0.
 
 
 def sample(kind: str) -> r.Record:
-    return {
+    records: dict[str, r.Record] = {
         "header": HEADER,
         "open": r.Open({}, "o"),
         "update": r.Update({"temperature": 0.5}, "u"),
@@ -37,7 +37,8 @@ def sample(kind: str) -> r.Record:
         "step": r.Step(0, 0, True, 5, "hi", (1,) * 8, (2,) * 8, bytes(2 * FRAME_SAMPLES)),
         "close": r.Close("client_close"),
         "end": r.End("0" * 64, "0" * 64, 0, 0),
-    }[kind]
+    }
+    return records[kind]
 
 
 KINDS = [
@@ -124,7 +125,8 @@ def test_an_error_state_still_closes_cleanly() -> None:
     assert core.state is State.ERROR
     kinds = [type(e.event if isinstance(e, Emit) else e).__name__ for e in core.apply(r.Close("error"))]
     assert kinds == ["ResponseEnded", "ReleaseSlot", "SessionClosed"]
-    assert core.state is State.CLOSED
+    state: State = core.state  # read again: apply() moved it
+    assert state is State.CLOSED
 
 
 @pytest.mark.parametrize(

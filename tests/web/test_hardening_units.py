@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,7 +77,7 @@ async def test_an_unhandled_error_becomes_an_error_event_and_close_1011(parrot_d
         raise RuntimeError("boom")
 
     monkeypatch.setattr(dialects, "_command", broken)
-    app = create_app(ServerConfig(model="tiny-parrot", max_sessions=1, log_dir=str(tmp_path)))
+    app: Any = create_app(ServerConfig(model="tiny-parrot", max_sessions=1, log_dir=str(tmp_path)))
     hyper = HardenedConfig()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,6 +97,7 @@ async def test_an_unhandled_error_becomes_an_error_event_and_close_1011(parrot_d
                     while True:
                         messages.append(json.loads(await ws.get_message()))
                 except ConnectionClosed as closed:
+                    assert closed.reason is not None
                     code = closed.reason.code
         stop.set()
     errors = [m["error"]["code"] for m in messages if m["type"] == "error"]

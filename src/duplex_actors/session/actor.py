@@ -94,6 +94,9 @@ class SessionActor:
 
     # -- the Occupant interface of the scheduler -------------------------------------------------
     def deliver_nowait(self, result: Any) -> None:
+        if self.inbox.closed:  # stepped while the session ended: count it as dropped
+            self._count_dropped_at_close(1)
+            return
         out = result.output
         self.inbox.put_result_nowait(
             r.Step(
@@ -234,6 +237,11 @@ class SessionActor:
             except Exception as exc:
                 log.error("session %s: closing the log failed: %s", self.session_id, exc)
         finally:
-            self.inbox.close()
+            # Step results queued behind the close are never applied: those frames are dropped.
+            self._count_dropped_at_close(sum(isinstance(item, r.Step) for item in self.inbox.close()))
             self.outbox.close()
             self.done.set()
+
+    def _count_dropped_at_close(self, frames: int) -> None:
+        if frames and self.counters is not None:
+            self.counters.dropped["session_closed"] += frames

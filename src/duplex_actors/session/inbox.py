@@ -60,8 +60,11 @@ class Inbox(Generic[T]):
             self._notify()
         return item
 
-    def close(self) -> None:
+    def close(self) -> list[T]:
+        """Close; returns the items that were still queued (never to be handled)."""
         self.closed = True
+        left = [item for _, item in self._items]
         self._items.clear()
         self._commands = 0
         self._notify()
+        return left
