@@ -1,0 +1,347 @@
+"""The tick policy (no trio, no torch): when the scheduler steps, and which slots.
+
+``policy.decide(now, view)`` answers ``StepNow(slots)`` or ``WaitUntil(t)`` from an immutable
+``SchedulerView`` of the slot table; after a step the shell stores
+``policy.after_step(view.state, view, step, started)`` and passes it back in the next view.
+Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick-policy.md):
+
+- ``window``: step as soon as every steppable slot has a frame, else ``max_batch_wait_ms``
+  after the oldest waiting frame completed (the scheduler's historical behaviour);
+- ``deadline``: the same with a window of one tick minus the p90 of recent steps minus a guard;
+- ``grid`` (the default): a fixed grid of ticks ``origin + n * tick`` booked from the previous
+  due time, never from "now", so its phase never drifts. Step at the due tick, or earlier once
+  every steppable slot has a frame; ticks that pass with nothing to step are skipped whole. A
+  slot that was on cadence and missed a tick (its frame came late, by jitter) gets a catch-up
+  step of its own if the estimated step fits before the next tick, at most
+  ``max_catchups_per_s`` per slot in any second. A backlog alone never earns a catch-up: a
+  client sending faster than real time is served one frame per tick.
+
+Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
+pending or that is not active is never stepped and never waited for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final, Literal, Protocol
+
+import attrs
+
+TICK_MS: Final = 80.0
+POLICY_NAMES: Final = ("grid", "deadline", "window")
+DEFAULT_POLICY: Final = "grid"
+
+# How many recent step durations a shell should keep for the estimates (p90).
+RECENT_STEPS: Final = 32
+
+
+# -- the view the shell builds -------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class SlotView:
+    """One slot as the policy sees it."""
+
+    index: int
+    active: bool = False
+    reset_pending: bool = False
+    # Completion times of the frames waiting in this slot's queue, oldest first.
+    frames: tuple[float, ...] = ()
+
+    @property
+    def steppable(self) -> bool:
+        return self.active and not self.reset_pending
+
+
+@attrs.frozen(slots=True)
+class SlotState:
+    """What the grid remembers about one slot between steps."""
+
+    # Consecutive regular ticks at which this slot had a frame (catch-ups do not count).
+    streak: int = 0
+    # Ticks this slot missed while on cadence and has not been caught up for.
+    debt: int = 0
+    # When this slot's recent catch-up steps started (the budget is per second).
+    catchups: tuple[float, ...] = ()
+    # Caught up since the last regular tick: missing the next tick then means the slot's
+    # frames complete just after the ticks (its phase), not that it is late again.
+    caught_up: bool = False
+
+
+FRESH_SLOT: Final = SlotState()
+
+
+@attrs.frozen(slots=True)
+class PolicyState:
+    """The policy's memory between steps; ``PolicyState()`` before the first step."""
+
+    # The grid: tick n is at origin + n * tick; ``next_tick`` is the index of the next due one.
+    origin: float | None = None
+    next_tick: int = 0
+    slots: tuple[SlotState, ...] = ()
+    # Ticks stepped, and catch-up steps, over the policy's life (for statistics and tests).
+    ticks: int = 0
+    catchup_steps: int = 0
+
+    def slot(self, index: int) -> SlotState:
+        return self.slots[index] if index < len(self.slots) else FRESH_SLOT
+
+
+@attrs.frozen(slots=True)
+class SchedulerView:
+    slots: tuple[SlotView, ...]
+    # Durations (seconds) of the most recent steps, oldest first.
+    recent_steps: tuple[float, ...] = ()
+    state: PolicyState = PolicyState()
+
+
+# -- decisions -----------------------------------------------------------------------------------
+StepKind = Literal["tick", "early", "catchup", "window"]
+
+
+@attrs.frozen(slots=True)
+class StepNow:
+    """Step now: one frame (the oldest) of each slot in ``slots``."""
+
+    slots: tuple[int, ...]
+    kind: StepKind = "window"
+    # The grid tick this step serves (``tick`` and ``early`` steps); None otherwise.
+    tick_at: float | None = None
+
+
+@attrs.frozen(slots=True)
+class WaitUntil:
+    """Nothing to step before ``at`` (``math.inf``: until a frame arrives or a reset is ready)."""
+
+    at: float
+
+
+Decision = StepNow | WaitUntil
+
+
+class TickPolicy(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, now: float, view: SchedulerView) -> Decision: ...
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState: ...
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 100]) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _waiting(view: SchedulerView) -> tuple[list[SlotView], list[SlotView]]:
+    steppable = [s for s in view.slots if s.steppable]
+    return steppable, [s for s in steppable if s.frames]
+
+
+# -- window and deadline -------------------------------------------------------------------------
+def _window_decide(now: float, view: SchedulerView, window: float) -> Decision:
+    steppable, waiting = _waiting(view)
+    if not waiting:
+        return WaitUntil(math.inf)
+    slots = tuple(s.index for s in waiting)
+    if len(waiting) == len(steppable):
+        return StepNow(slots, "window")
+    deadline = min(s.frames[0] for s in waiting) + window
+    if now >= deadline:
+        return StepNow(slots, "window")
+    return WaitUntil(deadline)
+
+
+@attrs.frozen(slots=True)
+class WindowPolicy:
+    """Step when every steppable slot has a frame, else ``max_batch_wait_ms`` after the oldest."""
+
+    max_batch_wait_ms: float = 20.0
+    name: str = "window"
+
+    def decide(self, now: float, view: SchedulerView) -> Decision:
+        return _window_decide(now, view, self.max_batch_wait_ms / 1000)
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState:
+        return attrs.evolve(state, ticks=state.ticks + 1)
+
+
+@attrs.frozen(slots=True)
+class DeadlinePolicy:
+    """The window policy with a window of one tick minus the p90 of recent steps minus a guard."""
+
+    tick_ms: float = TICK_MS
+    guard_ms: float = 2.0
+    name: str = "deadline"
+
+    def window(self, recent_steps: Sequence[float]) -> float:
+        p90 = percentile(recent_steps, 90) if recent_steps else 0.0
+        return min(self.tick_ms / 1000, max(0.0, (self.tick_ms - self.guard_ms) / 1000 - p90))
+
+    def decide(self, now: float, view: SchedulerView) -> Decision:
+        return _window_decide(now, view, self.window(view.recent_steps))
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState:
+        return attrs.evolve(state, ticks=state.ticks + 1)
+
+
+# -- grid ----------------------------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class GridPolicy:
+    tick_ms: float = TICK_MS
+    guard_ms: float = 2.0
+    # Regular ticks with a frame in a row before a missed tick counts as lateness, not a pause
+    # or a client whose chunks do not divide the tick.
+    steady_ticks: int = 8
+    max_catchups_per_s: int = 2
+    # A run of missed ticks (a late burst) is owed at most this many catch-ups.
+    max_debt: int = 3
+    name: str = "grid"
+
+    @property
+    def tick(self) -> float:
+        return self.tick_ms / 1000
+
+    def tick_time(self, state: PolicyState, n: int) -> float:
+        assert state.origin is not None
+        return state.origin + n * self.tick
+
+    def settle(self, state: PolicyState, view: SchedulerView, until: float) -> PolicyState:
+        """``state`` with the due ticks before ``until`` that had no frame waiting passed over.
+
+        A tick passes empty when no steppable slot had a frame that completed by it; each slot
+        on cadence then missed it (``debt``). Pure: ``decide`` and ``after_step`` both call it.
+        """
+        if state.origin is None:
+            return state
+        ready = [s for s in view.slots if s.steppable and s.frames]
+        oldest = min((s.frames[0] for s in ready), default=math.inf)
+        n = state.next_tick
+        if self.tick_time(state, n) >= min(until, oldest):
+            return state
+        # Ticks n .. m-1 passed empty, where m is the first tick at or after min(until, oldest).
+        m = math.ceil((min(until, oldest) - state.origin) / self.tick - 1e-9)
+        m = max(m, n + 1)
+        slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+        for s in view.slots:
+            if not s.steppable:
+                slots[s.index] = FRESH_SLOT
+                continue
+            st = slots[s.index]
+            for _ in range(min(m - n, self.max_debt + 1)):
+                st = self._missed(st)
+            slots[s.index] = st
+        return attrs.evolve(state, next_tick=m, slots=tuple(slots))
+
+    def _missed(self, st: SlotState) -> SlotState:
+        if st.caught_up:
+            debt = 0
+        elif st.streak >= self.steady_ticks:
+            debt = max(1, st.debt)
+        elif st.debt > 0:
+            debt = min(st.debt + 1, self.max_debt)
+        else:
+            debt = 0
+        return attrs.evolve(st, streak=0, debt=debt, caught_up=False)
+
+    def _estimate(self, view: SchedulerView) -> float | None:
+        return percentile(view.recent_steps, 90) if view.recent_steps else None
+
+    def _budget_free_at(self, st: SlotState, now: float) -> float:
+        """When this slot may have its next catch-up (``now`` if at once)."""
+        recent = [t for t in st.catchups if t > now - 1.0]
+        if len(recent) < self.max_catchups_per_s:
+            return now
+        return sorted(recent)[-self.max_catchups_per_s] + 1.0
+
+    def decide(self, now: float, view: SchedulerView) -> Decision:
+        steppable, waiting = _waiting(view)
+        if not waiting:
+            return WaitUntil(math.inf)
+        slots = tuple(s.index for s in waiting)
+        state = view.state
+        if state.origin is None:
+            # The first frame books the grid: its tick is now.
+            return StepNow(slots, "tick", now)
+        state = self.settle(state, view, now)
+        due = self.tick_time(state, state.next_tick)
+        if now >= due:
+            return StepNow(slots, "tick", due)
+        if len(waiting) == len(steppable):
+            return StepNow(slots, "early", due)
+        estimate = self._estimate(view)
+        if estimate is None:
+            return WaitUntil(due)
+        latest_start = due - estimate - self.guard_ms / 1000
+        owed = [s for s in waiting if state.slot(s.index).debt > 0]
+        catchup = tuple(s.index for s in owed if self._budget_free_at(state.slot(s.index), now) <= now)
+        if catchup and now <= latest_start:
+            return StepNow(catchup, "catchup")
+        wake = min(
+            (self._budget_free_at(state.slot(s.index), now) for s in owed if s.index not in catchup),
+            default=math.inf,
+        )
+        return WaitUntil(wake if wake <= latest_start else due)
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState:
+        stepped = set(step.slots)
+        if step.kind == "catchup":
+            state = self.settle(state, view, started)
+            slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+            for i in stepped:
+                st = slots[i]
+                recent = (*(t for t in st.catchups if t > started - 1.0), started)
+                slots[i] = attrs.evolve(st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True)
+            return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1)
+        assert step.tick_at is not None
+        if state.origin is None:
+            state = attrs.evolve(state, origin=step.tick_at, next_tick=0)
+        else:
+            state = self.settle(state, view, step.tick_at)
+        tick_at = self.tick_time(state, state.next_tick)
+        assert abs(tick_at - step.tick_at) < 1e-6, "after_step needs the view its step came from"
+        slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+        for s in view.slots:
+            if not s.steppable:
+                slots[s.index] = FRESH_SLOT
+            elif s.index in stepped:
+                st = slots[s.index]
+                # The frames left that were complete by this tick: a backlog. Without one the
+                # slot is current again and owes nothing.
+                left = sum(1 for c in s.frames[1:] if c <= tick_at)
+                slots[s.index] = attrs.evolve(
+                    st, streak=st.streak + 1, debt=st.debt if left else 0, caught_up=False
+                )
+            else:
+                slots[s.index] = self._missed(slots[s.index])
+        return attrs.evolve(state, next_tick=state.next_tick + 1, slots=tuple(slots), ticks=state.ticks + 1)
+
+
+Policy = WindowPolicy | DeadlinePolicy | GridPolicy
+
+
+def make_policy(
+    name: str,
+    *,
+    tick_ms: float = TICK_MS,
+    max_batch_wait_ms: float = 20.0,
+    guard_ms: float = 2.0,
+    max_catchups_per_s: int = 2,
+) -> Policy:
+    """The tick policy called ``name`` (``grid``, ``deadline`` or ``window``)."""
+    if name == "grid":
+        return GridPolicy(tick_ms=tick_ms, guard_ms=guard_ms, max_catchups_per_s=max_catchups_per_s)
+    if name == "deadline":
+        return DeadlinePolicy(tick_ms=tick_ms, guard_ms=guard_ms)
+    if name == "window":
+        return WindowPolicy(max_batch_wait_ms=max_batch_wait_ms)
+    raise ValueError(f"unknown tick policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")
