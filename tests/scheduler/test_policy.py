@@ -341,4 +341,4 @@ def test_percentile_nearest_rank(values: tuple[float, ...], q: float, want: floa
 def test_views_are_immutable() -> None:
     v = view(slot(0, 1))
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        v.slots[0].frames = ()  # type: ignore[misc]
+        v.slots[0].frames = ()

@@ -32,6 +32,10 @@ TICK_MS: Final = 80.0
 POLICY_NAMES: Final = ("grid", "deadline", "window")
 DEFAULT_POLICY: Final = "grid"
 
+# Times closer than this (seconds) are the same instant: ticks are computed as origin + n * tick
+# and frame times come from another clock reading, so float noise must not skip a tick.
+EPS: Final = 1e-9
+
 # How many recent step durations a shell should keep for the estimates (p90).
 RECENT_STEPS: Final = 32
 
@@ -224,11 +228,11 @@ class GridPolicy:
         ready = [s for s in view.slots if s.steppable and s.frames]
         oldest = min((s.frames[0] for s in ready), default=math.inf)
         n = state.next_tick
-        if self.tick_time(state, n) >= min(until, oldest):
+        horizon = min(until, oldest)
+        if self.tick_time(state, n) >= horizon - EPS:
             return state
-        # Ticks n .. m-1 passed empty, where m is the first tick at or after min(until, oldest).
-        m = math.ceil((min(until, oldest) - state.origin) / self.tick - 1e-9)
-        m = max(m, n + 1)
+        # Ticks n .. m-1 passed empty, where m is the first tick at or after the horizon.
+        m = max(n + 1, math.ceil((horizon - EPS - state.origin) / self.tick))
         slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
         for s in view.slots:
             if not s.steppable:
@@ -272,7 +276,7 @@ class GridPolicy:
             return StepNow(slots, "tick", now)
         state = self.settle(state, view, now)
         due = self.tick_time(state, state.next_tick)
-        if now >= due:
+        if now >= due - EPS:
             return StepNow(slots, "tick", due)
         if len(waiting) == len(steppable):
             return StepNow(slots, "early", due)
