@@ -134,10 +134,22 @@ def test_deadline_policy(now_ms: float, v: SchedulerView, want: StepNow | WaitUn
 # Grid origin 0, ticks every 80 ms; next_tick=2 means the due tick is at 160 ms.
 GRID_CASES = [
     (
-        "the first frame books the grid: step now",
+        "the first frame books the grid a lead after itself",
         37,
         view(slot(0, 37), slot(1)),
-        StepNow((0,), "tick", 37 * MS),
+        WaitUntil(47 * MS),
+    ),
+    (
+        "the first frames of every slot: step now for the first tick",
+        38,
+        view(slot(0, 37), slot(1, 38)),
+        StepNow((0, 1), "early", 47 * MS),
+    ),
+    (
+        "the first tick",
+        47,
+        view(slot(0, 37), slot(1)),
+        StepNow((0,), "tick", 47 * MS),
     ),
     ("nothing waiting", 100, view(slot(0), state=grid_state(0, 2)), WaitUntil(math.inf)),
     ("wait for the due tick", 100, view(slot(0, 90), slot(1), state=grid_state(0, 2)), WaitUntil(160 * MS)),
@@ -250,20 +262,20 @@ def test_grid_policy(now_ms: float, v: SchedulerView, want: StepNow | WaitUntil)
 
 
 def test_grid_books_next_tick_from_the_previous_due_time_not_from_now() -> None:
-    policy = GridPolicy()
+    policy = GridPolicy(first_tick_lead_ms=10)
     state = PolicyState()
     v = view(slot(0, 10), state=state)
     step = policy.decide(10 * MS, v)
     assert isinstance(step, StepNow)
     state = policy.after_step(state, v, step, 10 * MS)
-    assert state.origin == pytest.approx(10 * MS)
-    # A step that starts 30 ms late still books the next tick from its own due time.
-    v = view(slot(0, 85), state=state)
+    assert state.origin == pytest.approx(20 * MS)
+    # A step that starts 20 ms late still books the next tick from its own due time.
+    v = view(slot(0, 95), state=state)
     step = policy.decide(120 * MS, v)
-    assert_decision(step, StepNow((0,), "tick", 90 * MS))
+    assert_decision(step, StepNow((0,), "tick", 100 * MS))
     assert isinstance(step, StepNow)
     state = policy.after_step(state, v, step, 120 * MS)
-    assert policy.tick_time(state, state.next_tick) == pytest.approx(170 * MS)
+    assert policy.tick_time(state, state.next_tick) == pytest.approx(180 * MS)
 
 
 def test_grid_slot_states_after_a_tick() -> None:
@@ -342,3 +354,26 @@ def test_views_are_immutable() -> None:
     v = view(slot(0, 1))
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         v.slots[0].frames = ()
+
+
+def test_grid_a_backlog_of_constant_depth_becomes_debt_a_growing_one_does_not() -> None:
+    policy = GridPolicy(stable_backlog_ticks=4)
+
+    def tick(state: PolicyState, n: int, frames_ms: tuple[float, ...]) -> PolicyState:
+        v = view(slot(0, *frames_ms), state=state)
+        step = policy.decide(n * 80 * MS, v)
+        assert_decision(step, StepNow((0,), "tick", n * 80 * MS))
+        assert isinstance(step, StepNow)
+        return policy.after_step(state, v, step, n * 80 * MS)
+
+    # One frame behind for good (it came late before the slot was steady): owed after 4 ticks.
+    state = grid_state(0, 1)
+    for n in range(1, 5):
+        state = tick(state, n, ((n - 1) * 80 - 5, n * 80 - 5))
+        assert state.slots[0].debt == (1 if n == 4 else 0), n
+    # A client ahead of real time: its backlog grows every other tick, and is never owed.
+    state = grid_state(0, 1)
+    for n in range(1, 12):
+        depth = 1 + n // 2
+        state = tick(state, n, tuple(n * 80 - 5 - 10 * k for k in range(depth + 1)))
+        assert state.slots[0].debt == 0, n

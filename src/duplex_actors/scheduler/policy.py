@@ -9,12 +9,15 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   after the oldest waiting frame completed (the scheduler's historical behaviour);
 - ``deadline``: the same with a window of one tick minus the p90 of recent steps minus a guard;
 - ``grid`` (the default): a fixed grid of ticks ``origin + n * tick`` booked from the previous
-  due time, never from "now", so its phase never drifts. Step at the due tick, or earlier once
-  every steppable slot has a frame; ticks that pass with nothing to step are skipped whole. A
-  slot that was on cadence and missed a tick (its frame came late, by jitter) gets a catch-up
-  step of its own if the estimated step fits before the next tick, at most
-  ``max_catchups_per_s`` per slot in any second. A backlog alone never earns a catch-up: a
-  client sending faster than real time is served one frame per tick.
+  due time, never from "now", so its phase never drifts; the first frame books it, with the
+  first tick ``first_tick_lead_ms`` after that frame. Step at the due tick, or earlier (within
+  the due tick's own interval) once every steppable slot has a frame; ticks that pass with
+  nothing to step are skipped whole. A slot that was on cadence and missed a tick (its frame
+  came late, by jitter), or that has carried a backlog of the same depth for
+  ``stable_backlog_ticks``, gets a catch-up step of its own if the estimated step (p90 of
+  recent steps) fits before the next tick, at most ``max_catchups_per_s`` per slot in any
+  second. A growing backlog never earns one: a client sending faster than real time is served
+  one frame per tick.
 
 Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
 pending or that is not active is never stepped and never waited for.
@@ -69,6 +72,10 @@ class SlotState:
     # Caught up since the last regular tick: missing the next tick then means the slot's
     # frames complete just after the ticks (its phase), not that it is late again.
     caught_up: bool = False
+    # Frames left complete after the last tick's step, and for how many ticks in a row the
+    # same number was left.
+    backlog: int = 0
+    stable: int = 0
 
 
 FRESH_SLOT: Final = SlotState()
@@ -204,9 +211,11 @@ class GridPolicy:
     # Regular ticks with a frame in a row before a missed tick counts as lateness, not a pause
     # or a client whose chunks do not divide the tick.
     steady_ticks: int = 8
+    stable_backlog_ticks: int = 16
     max_catchups_per_s: int = 2
     # A run of missed ticks (a late burst) is owed at most this many catch-ups.
     max_debt: int = 3
+    first_tick_lead_ms: float = 10.0
     name: str = "grid"
 
     @property
@@ -253,7 +262,7 @@ class GridPolicy:
             debt = min(st.debt + 1, self.max_debt)
         else:
             debt = 0
-        return attrs.evolve(st, streak=0, debt=debt, caught_up=False)
+        return attrs.evolve(st, streak=0, debt=debt, caught_up=False, backlog=0, stable=0)
 
     def _estimate(self, view: SchedulerView) -> float | None:
         return percentile(view.recent_steps, 90) if view.recent_steps else None
@@ -272,27 +281,37 @@ class GridPolicy:
         slots = tuple(s.index for s in waiting)
         state = view.state
         if state.origin is None:
-            # The first frame books the grid: its tick is now.
-            return StepNow(slots, "tick", now)
-        state = self.settle(state, view, now)
-        due = self.tick_time(state, state.next_tick)
+            # The first frame books the grid a lead after itself: frames of sessions that
+            # started with it join its step, and their later frames complete before the ticks
+            # instead of straddling them by their jitter.
+            due = min(s.frames[0] for s in waiting) + self.first_tick_lead_ms / 1000
+        else:
+            state = self.settle(state, view, now)
+            due = self.tick_time(state, state.next_tick)
         if now >= due - EPS:
             return StepNow(slots, "tick", due)
-        if len(waiting) == len(steppable):
-            return StepNow(slots, "early", due)
+        wake = due
         estimate = self._estimate(view)
-        if estimate is None:
-            return WaitUntil(due)
-        latest_start = due - estimate - self.guard_ms / 1000
-        owed = [s for s in waiting if state.slot(s.index).debt > 0]
-        catchup = tuple(s.index for s in owed if self._budget_free_at(state.slot(s.index), now) <= now)
-        if catchup and now <= latest_start:
-            return StepNow(catchup, "catchup")
-        wake = min(
-            (self._budget_free_at(state.slot(s.index), now) for s in owed if s.index not in catchup),
-            default=math.inf,
-        )
-        return WaitUntil(wake if wake <= latest_start else due)
+        if estimate is not None:
+            # A catch-up first: it serves a frame on top of the slot's ticks, where an early
+            # step would spend the next tick on it and leave the slot a frame ahead.
+            latest_start = due - estimate - self.guard_ms / 1000
+            owed = [s for s in waiting if state.slot(s.index).debt > 0]
+            free_at = {s.index: self._budget_free_at(state.slot(s.index), now) for s in owed}
+            catchup = tuple(i for i, t in free_at.items() if t <= now)
+            if catchup and now <= latest_start:
+                return StepNow(catchup, "catchup")
+            later = min((t for t in free_at.values() if t > now), default=math.inf)
+            if later <= latest_start:
+                wake = later
+        if len(waiting) == len(steppable):
+            # Early, but only within the due tick's own interval: with every slot backlogged
+            # the grid must not run ahead of the clock (that would be greedy stepping).
+            opens = due - self.tick
+            if now >= opens - EPS:
+                return StepNow(slots, "early", due)
+            wake = min(wake, opens)
+        return WaitUntil(wake)
 
     def after_step(
         self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
@@ -320,10 +339,22 @@ class GridPolicy:
             elif s.index in stepped:
                 st = slots[s.index]
                 # The frames left that were complete by this tick: a backlog. Without one the
-                # slot is current again and owes nothing.
+                # slot is current again and owes nothing. A backlog of the same depth for
+                # stable_backlog_ticks ticks is a frame that came late before the slot was
+                # steady: one is owed. A client ahead of real time grows its backlog instead
+                # (by 0.2 frames a tick at 1.2x: never the same depth over 16 ticks).
                 left = sum(1 for c in s.frames[1:] if c <= tick_at)
+                stable = (st.stable + 1 if left == st.backlog else 1) if left else 0
+                debt = st.debt if left else 0
+                if stable >= self.stable_backlog_ticks:
+                    debt, stable = max(debt, 1), 0
                 slots[s.index] = attrs.evolve(
-                    st, streak=st.streak + 1, debt=st.debt if left else 0, caught_up=False
+                    st,
+                    streak=st.streak + 1,
+                    debt=debt,
+                    caught_up=False,
+                    backlog=left,
+                    stable=stable,
                 )
             else:
                 slots[s.index] = self._missed(slots[s.index])
