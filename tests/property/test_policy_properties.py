@@ -231,10 +231,10 @@ def test_grid_serves_a_client_ahead_of_real_time_one_frame_per_tick(
     )
     run = simulate(GridPolicy(), [frame_times(s, 3000) for s in [fast, *others]], [cost_ms / 1000])
     mine = [s for s in run.served if s.slot == 0]
-    assert not [s for s in mine if s.kind == "catchup"]
-    # It is stepped at most once per tick, so a backlog builds up: it is not served faster.
+    # One catch-up at most: the one every new slot is owed for its first frame.
+    assert sum(1 for s in mine if s.kind == "catchup") <= 1
+    # Otherwise it is stepped at most once per tick, so a backlog builds up.
     ticks = [s.tick_at for s in mine if s.tick_at is not None]
-    assert len(ticks) == len(mine)
     assert all(round((b - a) / TICK) >= 1 for a, b in itertools.pairwise(ticks)), ticks
     assert max(s.start - s.completed for s in mine) > 2 * TICK
 
@@ -267,10 +267,14 @@ def test_aligned_starts_take_one_step_per_tick_under_every_policy(
 def test_spread_phases_grid_takes_one_step_per_tick_where_window_takes_more() -> None:
     group = [Session(80, i * 80 / 8, 0.3, None, 0.0, 1.0, i) for i in range(8)]
     traces = [frame_times(s, 4000) for s in group]
-    steps = {name: len(simulate(make_policy(name), traces, [0.025]).steps) for name in ("grid", "window")}
+    runs = {name: simulate(make_policy(name), traces, [0.025]) for name in ("grid", "window")}
+    steps = {name: len(run.steps) for name, run in runs.items()}
     frames = len(traces[0])
-    # The first frame books the grid before the others have started: one tick more at each end.
-    assert steps["grid"] <= frames + 2
+    # The first frame books the grid before the others have started (one tick more at each
+    # end), and each new slot's first frame may have a catch-up.
+    catchups = sum(1 for s in runs["grid"].steps if s.kind == "catchup")
+    assert catchups <= len(group)
+    assert steps["grid"] - catchups <= frames + 2
     assert steps["window"] >= 2 * frames
 
 

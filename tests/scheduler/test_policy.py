@@ -38,8 +38,8 @@ def grid_state(origin_ms: float, next_tick: int, *slot_states: SlotState) -> Pol
     return PolicyState(origin=origin_ms * MS, next_tick=next_tick, slots=tuple(slot_states))
 
 
-STEADY = SlotState(streak=10)
-OWED = SlotState(streak=0, debt=1)
+STEADY = SlotState(streak=10, seen=True)
+OWED = SlotState(streak=0, debt=1, seen=True)
 
 
 def assert_decision(got: StepNow | WaitUntil, want: StepNow | WaitUntil) -> None:
@@ -232,7 +232,7 @@ GRID_CASES = [
             slot(0, 1163),
             slot(1),
             steps_ms=(30,) * 5,
-            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.9, 1.1)), STEADY),
+            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.9, 1.1), seen=True), STEADY),
         ),
         WaitUntil(1200 * MS),
     ),
@@ -243,7 +243,7 @@ GRID_CASES = [
             slot(0, 1163),
             slot(1),
             steps_ms=(10,) * 5,
-            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.17, 1.1)), STEADY),
+            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.17, 1.1), seen=True), STEADY),
         ),
         WaitUntil(1170 * MS),
     ),
@@ -305,7 +305,7 @@ def test_grid_catch_up_spends_debt_and_budget_and_a_miss_right_after_is_phase() 
     assert_decision(step, StepNow((0,), "catchup"))
     assert isinstance(step, StepNow)
     state = policy.after_step(state, v, step, 165 * MS)
-    assert state.slots[0] == SlotState(streak=0, debt=0, catchups=(165 * MS,), caught_up=True)
+    assert state.slots[0] == SlotState(streak=0, debt=0, catchups=(165 * MS,), caught_up=True, seen=True)
     assert state.catchup_steps == 1 and state.next_tick == 3
     # Slot 0's next frame comes after the tick again: that is its phase, it owes nothing.
     v = view(slot(0), slot(1, 230), state=state)
@@ -367,13 +367,27 @@ def test_grid_a_backlog_of_constant_depth_becomes_debt_a_growing_one_does_not() 
         return policy.after_step(state, v, step, n * 80 * MS)
 
     # One frame behind for good (it came late before the slot was steady): owed after 4 ticks.
-    state = grid_state(0, 1)
+    state = grid_state(0, 1, SlotState(seen=True))
     for n in range(1, 5):
         state = tick(state, n, ((n - 1) * 80 - 5, n * 80 - 5))
         assert state.slots[0].debt == (1 if n == 4 else 0), n
     # A client ahead of real time: its backlog grows every other tick, and is never owed.
-    state = grid_state(0, 1)
+    state = grid_state(0, 1, SlotState(seen=True))
     for n in range(1, 12):
         depth = 1 + n // 2
         state = tick(state, n, tuple(n * 80 - 5 - 10 * k for k in range(depth + 1)))
         assert state.slots[0].debt == 0, n
+
+
+def test_grid_a_slots_first_frame_is_owed_a_catch_up() -> None:
+    policy = GridPolicy()
+    new = SlotState()
+    v = view(slot(0, 130), slot(1), steps_ms=(20,), state=grid_state(0, 2, new, STEADY))
+    assert_decision(policy.decide(131 * MS, v), StepNow((0,), "catchup"))
+    # Not caught up before its tick, with its next frame complete by then: owed one after.
+    v = view(slot(0, 130, 150), slot(1, 155), steps_ms=(20,), state=grid_state(0, 2, new, STEADY))
+    step = policy.decide(160 * MS, v)
+    assert_decision(step, StepNow((0, 1), "tick", 160 * MS))
+    assert isinstance(step, StepNow)
+    after = policy.after_step(v.state, v, step, 160 * MS)
+    assert (after.slots[0].seen, after.slots[0].debt) == (True, 1)

@@ -76,6 +76,10 @@ class SlotState:
     # same number was left.
     backlog: int = 0
     stable: int = 0
+    # Stepped at least once since it became steppable. A slot's first frame is owed a
+    # catch-up: it completes at any phase, and once the session is aligned its next frame
+    # wants the same tick.
+    seen: bool = False
 
 
 FRESH_SLOT: Final = SlotState()
@@ -147,9 +151,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def _waiting(view: SchedulerView) -> tuple[list[SlotView], list[SlotView]]:
-    steppable = [s for s in view.slots if s.steppable]
-    return steppable, [s for s in steppable if s.frames]
+def _waiting(view: SchedulerView) -> tuple[int, list[SlotView]]:
+    """How many slots are steppable, and those of them with a frame waiting."""
+    steppable, waiting = 0, []
+    for s in view.slots:
+        if s.active and not s.reset_pending:
+            steppable += 1
+            if s.frames:
+                waiting.append(s)
+    return steppable, waiting
 
 
 # -- window and deadline -------------------------------------------------------------------------
@@ -158,7 +168,7 @@ def _window_decide(now: float, view: SchedulerView, window: float) -> Decision:
     if not waiting:
         return WaitUntil(math.inf)
     slots = tuple(s.index for s in waiting)
-    if len(waiting) == len(steppable):
+    if len(waiting) == steppable:
         return StepNow(slots, "window")
     deadline = min(s.frames[0] for s in waiting) + window
     if now >= deadline:
@@ -234,8 +244,7 @@ class GridPolicy:
         """
         if state.origin is None:
             return state
-        ready = [s for s in view.slots if s.steppable and s.frames]
-        oldest = min((s.frames[0] for s in ready), default=math.inf)
+        oldest = min((s.frames[0] for s in view.slots if s.frames and s.steppable), default=math.inf)
         n = state.next_tick
         horizon = min(until, oldest)
         if self.tick_time(state, n) >= horizon - EPS:
@@ -296,15 +305,18 @@ class GridPolicy:
             # A catch-up first: it serves a frame on top of the slot's ticks, where an early
             # step would spend the next tick on it and leave the slot a frame ahead.
             latest_start = due - estimate - self.guard_ms / 1000
-            owed = [s for s in waiting if state.slot(s.index).debt > 0]
-            free_at = {s.index: self._budget_free_at(state.slot(s.index), now) for s in owed}
+            free_at = {}
+            for s in waiting:
+                st = state.slot(s.index)
+                if st.debt > 0 or not st.seen:
+                    free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
             if catchup and now <= latest_start:
                 return StepNow(catchup, "catchup")
             later = min((t for t in free_at.values() if t > now), default=math.inf)
             if later <= latest_start:
                 wake = later
-        if len(waiting) == len(steppable):
+        if len(waiting) == steppable:
             # Early, but only within the due tick's own interval: with every slot backlogged
             # the grid must not run ahead of the clock (that would be greedy stepping).
             opens = due - self.tick
@@ -323,7 +335,9 @@ class GridPolicy:
             for i in stepped:
                 st = slots[i]
                 recent = (*(t for t in st.catchups if t > started - 1.0), started)
-                slots[i] = attrs.evolve(st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True)
+                slots[i] = attrs.evolve(
+                    st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True, seen=True
+                )
             return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1)
         assert step.tick_at is not None
         if state.origin is None:
@@ -346,6 +360,8 @@ class GridPolicy:
                 left = sum(1 for c in s.frames[1:] if c <= tick_at)
                 stable = (st.stable + 1 if left == st.backlog else 1) if left else 0
                 debt = st.debt if left else 0
+                if left and not st.seen:  # its first frame, not caught up: the next one waits
+                    debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
                 slots[s.index] = attrs.evolve(
@@ -355,6 +371,7 @@ class GridPolicy:
                     caught_up=False,
                     backlog=left,
                     stable=stable,
+                    seen=True,
                 )
             else:
                 slots[s.index] = self._missed(slots[s.index])
