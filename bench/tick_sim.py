@@ -102,7 +102,7 @@ class Jitter:
         """p99 of the delay above its minimum, without bursts (what the margin adapts to)."""
         plain: Jitter = attrs.evolve(self, bursts_per_s=0.0)
         sample = plain.delays(2000, 80, rng)
-        return percentile(sample, 99) - min(sample)
+        return float(percentile(sample, 99) - min(sample))
 
 
 JITTER = {

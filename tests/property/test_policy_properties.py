@@ -231,8 +231,9 @@ def test_grid_serves_a_client_ahead_of_real_time_one_frame_per_tick(
     )
     run = simulate(GridPolicy(), [frame_times(s, 3000) for s in [fast, *others]], [cost_ms / 1000])
     mine = [s for s in run.served if s.slot == 0]
-    # One catch-up at most: the one every new slot is owed for its first frame.
-    assert sum(1 for s in mine if s.kind == "catchup") <= 1
+    # Catch-ups only while it starts (a new slot's first frame; falling behind within its
+    # first two steps), never for the backlog it builds by running ahead.
+    assert sum(1 for s in mine if s.kind == "catchup") <= 2
     # Otherwise it is stepped at most once per tick, so a backlog builds up.
     ticks = [s.tick_at for s in mine if s.tick_at is not None]
     assert all(round((b - a) / TICK) >= 1 for a, b in itertools.pairwise(ticks)), ticks

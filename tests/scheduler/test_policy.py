@@ -286,7 +286,7 @@ def test_grid_slot_states_after_a_tick() -> None:
         slot(1),  # steady, missed the tick: owes one
         slot(2),  # not steady yet: a missing frame is not lateness
         slot(3),  # owes already and misses again: owes more (a late burst)
-        slot(4, 100, 140, 170),  # stepped with a backlog complete by the tick: keeps its debt
+        slot(4, 70, 140, 150),  # stepped a frame that is a tick late: still behind, keeps its debt
         state=state,
     )
     step = policy.decide(160 * MS, v)
@@ -367,15 +367,15 @@ def test_grid_a_backlog_of_constant_depth_becomes_debt_a_growing_one_does_not() 
         return policy.after_step(state, v, step, n * 80 * MS)
 
     # One frame behind for good (it came late before the slot was steady): owed after 4 ticks.
-    state = grid_state(0, 1, SlotState(seen=True))
+    state = grid_state(0, 1, SlotState(streak=5, seen=True))
     for n in range(1, 5):
         state = tick(state, n, ((n - 1) * 80 - 5, n * 80 - 5))
         assert state.slots[0].debt == (1 if n == 4 else 0), n
-    # A client ahead of real time: its backlog grows every other tick, and is never owed.
-    state = grid_state(0, 1, SlotState(seen=True))
+    # A client ahead of real time (1.5x): it falls further behind every other tick, never owed.
+    state = grid_state(0, 1, SlotState(streak=5, seen=True))
     for n in range(1, 12):
-        depth = 1 + n // 2
-        state = tick(state, n, tuple(n * 80 - 5 - 10 * k for k in range(depth + 1)))
+        oldest = n * 80 - 5 - 40 * n
+        state = tick(state, n, tuple(range(oldest, n * 80, 53)))
         assert state.slots[0].debt == 0, n
 
 
@@ -384,10 +384,13 @@ def test_grid_a_slots_first_frame_is_owed_a_catch_up() -> None:
     new = SlotState()
     v = view(slot(0, 130), slot(1), steps_ms=(20,), state=grid_state(0, 2, new, STEADY))
     assert_decision(policy.decide(131 * MS, v), StepNow((0,), "catchup"))
-    # Not caught up before its tick, with its next frame complete by then: owed one after.
-    v = view(slot(0, 130, 150), slot(1, 155), steps_ms=(20,), state=grid_state(0, 2, new, STEADY))
-    step = policy.decide(160 * MS, v)
-    assert_decision(step, StepNow((0, 1), "tick", 160 * MS))
-    assert isinstance(step, StepNow)
-    after = policy.after_step(v.state, v, step, 160 * MS)
-    assert (after.slots[0].seen, after.slots[0].debt) == (True, 1)
+    # Not caught up: its next frame (aligned) wanted the same tick, so at the tick after it
+    # is a frame behind, within its first two steps: owed one.
+    state = grid_state(0, 2, new, STEADY)
+    for tick_ms, frames in ((160, (130, 150)), (240, (150, 230))):
+        v = view(slot(0, *frames), slot(1, tick_ms - 5), steps_ms=(20,), state=state)
+        step = policy.decide(tick_ms * MS, v)
+        assert_decision(step, StepNow((0, 1), "tick", tick_ms * MS))
+        assert isinstance(step, StepNow)
+        state = policy.after_step(state, v, step, tick_ms * MS)
+    assert (state.slots[0].seen, state.slots[0].debt) == (True, 1)

@@ -72,8 +72,8 @@ class SlotState:
     # Caught up since the last regular tick: missing the next tick then means the slot's
     # frames complete just after the ticks (its phase), not that it is late again.
     caught_up: bool = False
-    # Frames left complete after the last tick's step, and for how many ticks in a row the
-    # same number was left.
+    # How many frames behind the slot was at its last tick (its stepped frame was that many
+    # ticks late), and for how many ticks in a row it was that many.
     backlog: int = 0
     stable: int = 0
     # Stepped at least once since it became steppable. A slot's first frame is owed a
@@ -352,15 +352,19 @@ class GridPolicy:
                 slots[s.index] = FRESH_SLOT
             elif s.index in stepped:
                 st = slots[s.index]
-                # The frames left that were complete by this tick: a backlog. Without one the
-                # slot is current again and owes nothing. A backlog of the same depth for
-                # stable_backlog_ticks ticks is a frame that came late before the slot was
-                # steady: one is owed. A client ahead of real time grows its backlog instead
-                # (by 0.2 frames a tick at 1.2x: never the same depth over 16 ticks).
-                left = sum(1 for c in s.frames[1:] if c <= tick_at)
-                stable = (st.stable + 1 if left == st.backlog else 1) if left else 0
-                debt = st.debt if left else 0
-                if left and not st.seen:  # its first frame, not caught up: the next one waits
+                # How many frames behind the slot is: its stepped frame was that many whole
+                # ticks late (it completed before the previous tick). Current again, with no
+                # frame left that was complete by this tick (a burst arrives all at once), it
+                # owes nothing. Falling behind within its first two steps (after the start or
+                # a missed tick) is the double an alignment makes (or a late frame's): one is
+                # owed. Behind by the same depth for stable_backlog_ticks ticks: one is owed. A
+                # client ahead of real time falls further behind instead (0.2 frames a tick at
+                # 1.2x: never the same depth over 16 ticks).
+                behind = max(0, math.floor((tick_at - s.frames[0]) / self.tick - EPS))
+                left = any(c <= tick_at for c in s.frames[1:])
+                stable = (st.stable + 1 if behind == st.backlog else 1) if behind else 0
+                debt = st.debt if behind or left else 0
+                if behind and st.streak <= 1:
                     debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
@@ -369,7 +373,7 @@ class GridPolicy:
                     streak=st.streak + 1,
                     debt=debt,
                     caught_up=False,
-                    backlog=left,
+                    backlog=behind,
                     stable=stable,
                     seen=True,
                 )
