@@ -12,12 +12,14 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   due time, never from "now", so its phase never drifts; the first frame books it, with the
   first tick ``first_tick_lead_ms`` after that frame. Step at the due tick, or earlier (within
   the due tick's own interval) once every steppable slot has a frame; ticks that pass with
-  nothing to step are skipped whole. A slot that was on cadence and missed a tick (its frame
-  came late, by jitter), or that has carried a backlog of the same depth for
-  ``stable_backlog_ticks``, gets a catch-up step of its own if the estimated step (p90 of
-  recent steps) fits before the next tick, at most ``max_catchups_per_s`` per slot in any
-  second. A growing backlog never earns one: a client sending faster than real time is served
-  one frame per tick.
+  nothing to step are skipped whole. A slot is owed a catch-up step of its own when it was on
+  cadence and missed a tick (its frame came late, by jitter), for its first frame (and if it
+  falls a frame behind within its first two steps: the double an alignment pad makes), or when
+  it stays the same number of frames behind for ``stable_backlog_ticks``; it gets it if the
+  estimated step (p90 of recent steps) fits before the next tick, at most
+  ``max_catchups_per_s`` per slot in any second. Falling further behind never earns one: a
+  client sending faster than real time is served one frame per tick. A slot the catch-ups
+  cannot bring back stays behind; dropping a frame of it (the drain) is the session's part.
 
 Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
 pending or that is not active is never stepped and never waited for.
