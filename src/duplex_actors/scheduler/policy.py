@@ -1,0 +1,405 @@
+"""The tick policy (no trio, no torch): when the scheduler steps, and which slots.
+
+``policy.decide(now, view)`` answers ``StepNow(slots)`` or ``WaitUntil(t)`` from an immutable
+``SchedulerView`` of the slot table; after a step the shell stores
+``policy.after_step(view.state, view, step, started)`` and passes it back in the next view.
+Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick-policy.md):
+
+- ``window``: step as soon as every steppable slot has a frame, else ``max_batch_wait_ms``
+  after the oldest waiting frame completed (the scheduler's historical behaviour);
+- ``deadline``: the same with a window of one tick minus the p90 of recent steps minus a guard;
+- ``grid`` (the default): a fixed grid of ticks ``origin + n * tick`` booked from the previous
+  due time, never from "now", so its phase never drifts; the first frame books it, with the
+  first tick ``first_tick_lead_ms`` after that frame. Step at the due tick, or earlier (within
+  the due tick's own interval) once every steppable slot has a frame; ticks that pass with
+  nothing to step are skipped whole. A slot is owed a catch-up step of its own when it was on
+  cadence and missed a tick (its frame came late, by jitter), for its first frame (and if it
+  falls a frame behind within its first two steps: the double an alignment pad makes), or when
+  it stays the same number of frames behind for ``stable_backlog_ticks``; it gets it if the
+  estimated step (p90 of recent steps) fits before the next tick, at most
+  ``max_catchups_per_s`` per slot in any second. Falling further behind never earns one: a
+  client sending faster than real time is served one frame per tick. A slot the catch-ups
+  cannot bring back stays behind; dropping a frame of it (the drain) is the session's part.
+
+Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
+pending or that is not active is never stepped and never waited for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final, Literal, Protocol
+
+import attrs
+
+TICK_MS: Final = 80.0
+POLICY_NAMES: Final = ("grid", "deadline", "window")
+DEFAULT_POLICY: Final = "grid"
+
+# Times closer than this (seconds) are the same instant: ticks are computed as origin + n * tick
+# and frame times come from another clock reading, so float noise must not skip a tick.
+EPS: Final = 1e-9
+
+# How many recent step durations a shell should keep for the estimates (p90).
+RECENT_STEPS: Final = 32
+
+
+# -- the view the shell builds -------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class SlotView:
+    """One slot as the policy sees it."""
+
+    index: int
+    active: bool = False
+    reset_pending: bool = False
+    # Completion times of the frames waiting in this slot's queue, oldest first.
+    frames: tuple[float, ...] = ()
+
+    @property
+    def steppable(self) -> bool:
+        return self.active and not self.reset_pending
+
+
+@attrs.frozen(slots=True)
+class SlotState:
+    """What the grid remembers about one slot between steps."""
+
+    # Consecutive regular ticks at which this slot had a frame (catch-ups do not count).
+    streak: int = 0
+    # Ticks this slot missed while on cadence and has not been caught up for.
+    debt: int = 0
+    # When this slot's recent catch-up steps started (the budget is per second).
+    catchups: tuple[float, ...] = ()
+    # Caught up since the last regular tick: missing the next tick then means the slot's
+    # frames complete just after the ticks (its phase), not that it is late again.
+    caught_up: bool = False
+    # How many frames behind the slot was at its last tick (its stepped frame was that many
+    # ticks late), and for how many ticks in a row it was that many.
+    backlog: int = 0
+    stable: int = 0
+    # Stepped at least once since it became steppable. A slot's first frame is owed a
+    # catch-up: it completes at any phase, and once the session is aligned its next frame
+    # wants the same tick.
+    seen: bool = False
+
+
+FRESH_SLOT: Final = SlotState()
+
+
+@attrs.frozen(slots=True)
+class PolicyState:
+    """The policy's memory between steps; ``PolicyState()`` before the first step."""
+
+    # The grid: tick n is at origin + n * tick; ``next_tick`` is the index of the next due one.
+    origin: float | None = None
+    next_tick: int = 0
+    slots: tuple[SlotState, ...] = ()
+    # Ticks stepped, and catch-up steps, over the policy's life (for statistics and tests).
+    ticks: int = 0
+    catchup_steps: int = 0
+
+    def slot(self, index: int) -> SlotState:
+        return self.slots[index] if index < len(self.slots) else FRESH_SLOT
+
+
+@attrs.frozen(slots=True)
+class SchedulerView:
+    slots: tuple[SlotView, ...]
+    # Durations (seconds) of the most recent steps, oldest first.
+    recent_steps: tuple[float, ...] = ()
+    state: PolicyState = PolicyState()
+
+
+# -- decisions -----------------------------------------------------------------------------------
+StepKind = Literal["tick", "early", "catchup", "window"]
+
+
+@attrs.frozen(slots=True)
+class StepNow:
+    """Step now: one frame (the oldest) of each slot in ``slots``."""
+
+    slots: tuple[int, ...]
+    kind: StepKind = "window"
+    # The grid tick this step serves (``tick`` and ``early`` steps); None otherwise.
+    tick_at: float | None = None
+
+
+@attrs.frozen(slots=True)
+class WaitUntil:
+    """Nothing to step before ``at`` (``math.inf``: until a frame arrives or a reset is ready)."""
+
+    at: float
+
+
+Decision = StepNow | WaitUntil
+
+
+class TickPolicy(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, now: float, view: SchedulerView) -> Decision: ...
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState: ...
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 100]) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _waiting(view: SchedulerView) -> tuple[int, list[SlotView]]:
+    """How many slots are steppable, and those of them with a frame waiting."""
+    steppable, waiting = 0, []
+    for s in view.slots:
+        if s.active and not s.reset_pending:
+            steppable += 1
+            if s.frames:
+                waiting.append(s)
+    return steppable, waiting
+
+
+# -- window and deadline -------------------------------------------------------------------------
+def _window_decide(now: float, view: SchedulerView, window: float) -> Decision:
+    steppable, waiting = _waiting(view)
+    if not waiting:
+        return WaitUntil(math.inf)
+    slots = tuple(s.index for s in waiting)
+    if len(waiting) == steppable:
+        return StepNow(slots, "window")
+    deadline = min(s.frames[0] for s in waiting) + window
+    if now >= deadline:
+        return StepNow(slots, "window")
+    return WaitUntil(deadline)
+
+
+@attrs.frozen(slots=True)
+class WindowPolicy:
+    """Step when every steppable slot has a frame, else ``max_batch_wait_ms`` after the oldest."""
+
+    max_batch_wait_ms: float = 20.0
+    name: str = "window"
+
+    def decide(self, now: float, view: SchedulerView) -> Decision:
+        return _window_decide(now, view, self.max_batch_wait_ms / 1000)
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState:
+        return attrs.evolve(state, ticks=state.ticks + 1)
+
+
+@attrs.frozen(slots=True)
+class DeadlinePolicy:
+    """The window policy with a window of one tick minus the p90 of recent steps minus a guard."""
+
+    tick_ms: float = TICK_MS
+    guard_ms: float = 2.0
+    name: str = "deadline"
+
+    def window(self, recent_steps: Sequence[float]) -> float:
+        p90 = percentile(recent_steps, 90) if recent_steps else 0.0
+        return min(self.tick_ms / 1000, max(0.0, (self.tick_ms - self.guard_ms) / 1000 - p90))
+
+    def decide(self, now: float, view: SchedulerView) -> Decision:
+        return _window_decide(now, view, self.window(view.recent_steps))
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState:
+        return attrs.evolve(state, ticks=state.ticks + 1)
+
+
+# -- grid ----------------------------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class GridPolicy:
+    tick_ms: float = TICK_MS
+    guard_ms: float = 2.0
+    # Regular ticks with a frame in a row before a missed tick counts as lateness, not a pause
+    # or a client whose chunks do not divide the tick.
+    steady_ticks: int = 8
+    stable_backlog_ticks: int = 16
+    max_catchups_per_s: int = 2
+    # A run of missed ticks (a late burst) is owed at most this many catch-ups.
+    max_debt: int = 3
+    first_tick_lead_ms: float = 10.0
+    name: str = "grid"
+
+    @property
+    def tick(self) -> float:
+        return self.tick_ms / 1000
+
+    def tick_time(self, state: PolicyState, n: int) -> float:
+        assert state.origin is not None
+        return state.origin + n * self.tick
+
+    def settle(self, state: PolicyState, view: SchedulerView, until: float) -> PolicyState:
+        """``state`` with the due ticks before ``until`` that had no frame waiting passed over.
+
+        A tick passes empty when no steppable slot had a frame that completed by it; each slot
+        on cadence then missed it (``debt``). Pure: ``decide`` and ``after_step`` both call it.
+        """
+        if state.origin is None:
+            return state
+        oldest = min((s.frames[0] for s in view.slots if s.frames and s.steppable), default=math.inf)
+        n = state.next_tick
+        horizon = min(until, oldest)
+        if self.tick_time(state, n) >= horizon - EPS:
+            return state
+        # Ticks n .. m-1 passed empty, where m is the first tick at or after the horizon.
+        m = max(n + 1, math.ceil((horizon - EPS - state.origin) / self.tick))
+        slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+        for s in view.slots:
+            if not s.steppable:
+                slots[s.index] = FRESH_SLOT
+                continue
+            st = slots[s.index]
+            for _ in range(min(m - n, self.max_debt + 1)):
+                st = self._missed(st)
+            slots[s.index] = st
+        return attrs.evolve(state, next_tick=m, slots=tuple(slots))
+
+    def _missed(self, st: SlotState) -> SlotState:
+        if st.caught_up:
+            debt = 0
+        elif st.streak >= self.steady_ticks:
+            debt = max(1, st.debt)
+        elif st.debt > 0:
+            debt = min(st.debt + 1, self.max_debt)
+        else:
+            debt = 0
+        return attrs.evolve(st, streak=0, debt=debt, caught_up=False, backlog=0, stable=0)
+
+    def _estimate(self, view: SchedulerView) -> float | None:
+        return percentile(view.recent_steps, 90) if view.recent_steps else None
+
+    def _budget_free_at(self, st: SlotState, now: float) -> float:
+        """When this slot may have its next catch-up (``now`` if at once)."""
+        recent = [t for t in st.catchups if t > now - 1.0]
+        if len(recent) < self.max_catchups_per_s:
+            return now
+        return sorted(recent)[-self.max_catchups_per_s] + 1.0
+
+    def decide(self, now: float, view: SchedulerView) -> Decision:
+        steppable, waiting = _waiting(view)
+        if not waiting:
+            return WaitUntil(math.inf)
+        slots = tuple(s.index for s in waiting)
+        state = view.state
+        if state.origin is None:
+            # The first frame books the grid a lead after itself: frames of sessions that
+            # started with it join its step, and their later frames complete before the ticks
+            # instead of straddling them by their jitter.
+            due = min(s.frames[0] for s in waiting) + self.first_tick_lead_ms / 1000
+        else:
+            state = self.settle(state, view, now)
+            due = self.tick_time(state, state.next_tick)
+        if now >= due - EPS:
+            return StepNow(slots, "tick", due)
+        wake = due
+        estimate = self._estimate(view)
+        if estimate is not None:
+            # A catch-up first: it serves a frame on top of the slot's ticks, where an early
+            # step would spend the next tick on it and leave the slot a frame ahead.
+            latest_start = due - estimate - self.guard_ms / 1000
+            free_at = {}
+            for s in waiting:
+                st = state.slot(s.index)
+                if st.debt > 0 or not st.seen:
+                    free_at[s.index] = self._budget_free_at(st, now)
+            catchup = tuple(i for i, t in free_at.items() if t <= now)
+            if catchup and now <= latest_start:
+                return StepNow(catchup, "catchup")
+            later = min((t for t in free_at.values() if t > now), default=math.inf)
+            if later <= latest_start:
+                wake = later
+        if len(waiting) == steppable:
+            # Early, but only within the due tick's own interval: with every slot backlogged
+            # the grid must not run ahead of the clock (that would be greedy stepping).
+            opens = due - self.tick
+            if now >= opens - EPS:
+                return StepNow(slots, "early", due)
+            wake = min(wake, opens)
+        return WaitUntil(wake)
+
+    def after_step(
+        self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
+    ) -> PolicyState:
+        stepped = set(step.slots)
+        if step.kind == "catchup":
+            state = self.settle(state, view, started)
+            slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+            for i in stepped:
+                st = slots[i]
+                recent = (*(t for t in st.catchups if t > started - 1.0), started)
+                slots[i] = attrs.evolve(
+                    st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True, seen=True
+                )
+            return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1)
+        assert step.tick_at is not None
+        if state.origin is None:
+            state = attrs.evolve(state, origin=step.tick_at, next_tick=0)
+        else:
+            state = self.settle(state, view, step.tick_at)
+        tick_at = self.tick_time(state, state.next_tick)
+        assert abs(tick_at - step.tick_at) < 1e-6, "after_step needs the view its step came from"
+        slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+        for s in view.slots:
+            if not s.steppable:
+                slots[s.index] = FRESH_SLOT
+            elif s.index in stepped:
+                st = slots[s.index]
+                # How many frames behind the slot is: its stepped frame was that many whole
+                # ticks late (it completed before the previous tick). Current again, with no
+                # frame left that was complete by this tick (a burst arrives all at once), it
+                # owes nothing. Falling behind within its first two steps (after the start or
+                # a missed tick) is the double an alignment makes (or a late frame's): one is
+                # owed. Behind by the same depth for stable_backlog_ticks ticks: one is owed. A
+                # client ahead of real time falls further behind instead (0.2 frames a tick at
+                # 1.2x: never the same depth over 16 ticks).
+                behind = max(0, math.floor((tick_at - s.frames[0]) / self.tick - EPS))
+                left = any(c <= tick_at for c in s.frames[1:])
+                stable = (st.stable + 1 if behind == st.backlog else 1) if behind else 0
+                debt = st.debt if behind or left else 0
+                if behind and st.streak <= 1:
+                    debt = max(debt, 1)
+                if stable >= self.stable_backlog_ticks:
+                    debt, stable = max(debt, 1), 0
+                slots[s.index] = attrs.evolve(
+                    st,
+                    streak=st.streak + 1,
+                    debt=debt,
+                    caught_up=False,
+                    backlog=behind,
+                    stable=stable,
+                    seen=True,
+                )
+            else:
+                slots[s.index] = self._missed(slots[s.index])
+        return attrs.evolve(state, next_tick=state.next_tick + 1, slots=tuple(slots), ticks=state.ticks + 1)
+
+
+Policy = WindowPolicy | DeadlinePolicy | GridPolicy
+
+
+def make_policy(
+    name: str,
+    *,
+    tick_ms: float = TICK_MS,
+    max_batch_wait_ms: float = 20.0,
+    guard_ms: float = 2.0,
+    max_catchups_per_s: int = 2,
+) -> Policy:
+    """The tick policy called ``name`` (``grid``, ``deadline`` or ``window``)."""
+    if name == "grid":
+        return GridPolicy(tick_ms=tick_ms, guard_ms=guard_ms, max_catchups_per_s=max_catchups_per_s)
+    if name == "deadline":
+        return DeadlinePolicy(tick_ms=tick_ms, guard_ms=guard_ms)
+    if name == "window":
+        return WindowPolicy(max_batch_wait_ms=max_batch_wait_ms)
+    raise ValueError(f"unknown tick policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")

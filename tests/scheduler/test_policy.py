@@ -1,0 +1,396 @@
+"""The tick policies as pure functions: table-driven decisions over hand-built views."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+
+from duplex_actors.scheduler.policy import (
+    DeadlinePolicy,
+    GridPolicy,
+    PolicyState,
+    SchedulerView,
+    SlotState,
+    SlotView,
+    StepNow,
+    WaitUntil,
+    WindowPolicy,
+    make_policy,
+    percentile,
+)
+
+MS = 1e-3
+
+
+def slot(index: int, *frames_ms: float, active: bool = True, reset: bool = False) -> SlotView:
+    return SlotView(index, active=active, reset_pending=reset, frames=tuple(f * MS for f in frames_ms))
+
+
+def view(
+    *slots: SlotView, steps_ms: tuple[float, ...] = (), state: PolicyState | None = None
+) -> SchedulerView:
+    return SchedulerView(tuple(slots), tuple(s * MS for s in steps_ms), state or PolicyState())
+
+
+def grid_state(origin_ms: float, next_tick: int, *slot_states: SlotState) -> PolicyState:
+    return PolicyState(origin=origin_ms * MS, next_tick=next_tick, slots=tuple(slot_states))
+
+
+STEADY = SlotState(streak=10, seen=True)
+OWED = SlotState(streak=0, debt=1, seen=True)
+
+
+def assert_decision(got: StepNow | WaitUntil, want: StepNow | WaitUntil) -> None:
+    assert type(got) is type(want), (got, want)
+    if isinstance(want, WaitUntil):
+        assert isinstance(got, WaitUntil)
+        assert got.at == pytest.approx(want.at, abs=1e-9), (got, want)
+    else:
+        assert isinstance(got, StepNow)
+        assert (got.slots, got.kind) == (want.slots, want.kind), (got, want)
+        if want.tick_at is None:
+            assert got.tick_at is None
+        else:
+            assert got.tick_at == pytest.approx(want.tick_at, abs=1e-9), (got, want)
+
+
+# -- window: the scheduler's historical behaviour -------------------------------------------------
+WINDOW_CASES = [
+    ("nothing waiting: sleep until woken", 100, view(slot(0), slot(1)), WaitUntil(math.inf)),
+    ("no active slot", 100, view(slot(0, active=False)), WaitUntil(math.inf)),
+    ("every active slot has a frame", 100, view(slot(0, 90), slot(1, 95)), StepNow((0, 1), "window")),
+    (
+        "inactive slots are not waited for",
+        100,
+        view(slot(0, 90), slot(1, active=False)),
+        StepNow((0,), "window"),
+    ),
+    (
+        "a slot with a reset pending is not waited for",
+        100,
+        view(slot(0, 90), slot(1, reset=True)),
+        StepNow((0,), "window"),
+    ),
+    (
+        "a slot with a reset pending is not stepped",
+        100,
+        view(slot(0, 90), slot(1, 50, reset=True)),
+        StepNow((0,), "window"),
+    ),
+    (
+        "some waiting: until 20 ms after the oldest",
+        100,
+        view(slot(0, 90), slot(1, 95), slot(2)),
+        WaitUntil(110 * MS),
+    ),
+    ("the window is over", 110, view(slot(0, 90), slot(1, 95), slot(2)), StepNow((0, 1), "window")),
+    ("the oldest frame of each slot counts", 100, view(slot(0, 85, 99), slot(1)), WaitUntil(105 * MS)),
+]
+
+
+@pytest.mark.parametrize(
+    ("now_ms", "v", "want"), [c[1:] for c in WINDOW_CASES], ids=[c[0] for c in WINDOW_CASES]
+)
+def test_window_policy(now_ms: float, v: SchedulerView, want: StepNow | WaitUntil) -> None:
+    assert_decision(WindowPolicy(max_batch_wait_ms=20).decide(now_ms * MS, v), want)
+
+
+# -- deadline: the window is one tick minus the p90 of recent steps minus a guard -----------------
+DEADLINE_CASES = [
+    ("no history: 78 ms window", 100, view(slot(0, 90), slot(1)), WaitUntil(168 * MS)),
+    (
+        "p90 of 30 ms steps: 48 ms window",
+        100,
+        view(slot(0, 90), slot(1), steps_ms=(30,) * 10),
+        WaitUntil(138 * MS),
+    ),
+    (
+        "p90, not the mean",
+        100,
+        view(slot(0, 90), slot(1), steps_ms=(10,) * 8 + (50, 50)),
+        WaitUntil(118 * MS),
+    ),
+    ("window over", 140, view(slot(0, 90), slot(1), steps_ms=(30,) * 10), StepNow((0,), "window")),
+    (
+        "steps longer than the tick: no window",
+        90,
+        view(slot(0, 90), slot(1), steps_ms=(95,)),
+        StepNow((0,), "window"),
+    ),
+    ("all have a frame", 91, view(slot(0, 90), slot(1, 91), steps_ms=(30,)), StepNow((0, 1), "window")),
+]
+
+
+@pytest.mark.parametrize(
+    ("now_ms", "v", "want"), [c[1:] for c in DEADLINE_CASES], ids=[c[0] for c in DEADLINE_CASES]
+)
+def test_deadline_policy(now_ms: float, v: SchedulerView, want: StepNow | WaitUntil) -> None:
+    assert_decision(DeadlinePolicy(tick_ms=80, guard_ms=2).decide(now_ms * MS, v), want)
+
+
+# -- grid ------------------------------------------------------------------------------------------
+# Grid origin 0, ticks every 80 ms; next_tick=2 means the due tick is at 160 ms.
+GRID_CASES = [
+    (
+        "the first frame books the grid a lead after itself",
+        37,
+        view(slot(0, 37), slot(1)),
+        WaitUntil(47 * MS),
+    ),
+    (
+        "the first frames of every slot: step now for the first tick",
+        38,
+        view(slot(0, 37), slot(1, 38)),
+        StepNow((0, 1), "early", 47 * MS),
+    ),
+    (
+        "the first tick",
+        47,
+        view(slot(0, 37), slot(1)),
+        StepNow((0,), "tick", 47 * MS),
+    ),
+    ("nothing waiting", 100, view(slot(0), state=grid_state(0, 2)), WaitUntil(math.inf)),
+    ("wait for the due tick", 100, view(slot(0, 90), slot(1), state=grid_state(0, 2)), WaitUntil(160 * MS)),
+    (
+        "step at the tick",
+        160,
+        view(slot(0, 90), slot(1), state=grid_state(0, 2)),
+        StepNow((0,), "tick", 160 * MS),
+    ),
+    (
+        "a late step still serves its tick",
+        175,
+        view(slot(0, 90), slot(1, 170), state=grid_state(0, 2)),
+        StepNow((0, 1), "tick", 160 * MS),
+    ),
+    (
+        "early when every steppable slot has a frame",
+        120,
+        view(slot(0, 90), slot(1, 120), slot(2, reset=True), state=grid_state(0, 2)),
+        StepNow((0, 1), "early", 160 * MS),
+    ),
+    (
+        "ticks that passed empty are skipped whole, keeping the phase",
+        500,
+        view(slot(0, 490), slot(1), state=grid_state(0, 2)),
+        WaitUntil(560 * MS),
+    ),
+    (
+        "a frame exactly on a passed tick is served by it",
+        485,
+        view(slot(0, 480), slot(1), state=grid_state(0, 2)),
+        StepNow((0,), "tick", 480 * MS),
+    ),
+    (
+        "a slot on cadence that missed the last tick: catch-up when the step fits",
+        165,
+        view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, SlotState(debt=1), STEADY)),
+        StepNow((0,), "catchup"),
+    ),
+    (
+        "catch-up only for the owing slot",
+        165,
+        view(
+            slot(0, 163),
+            slot(1, 164),
+            slot(2),
+            steps_ms=(30,) * 5,
+            state=grid_state(0, 3, OWED, STEADY, STEADY),
+        ),
+        StepNow((0,), "catchup"),
+    ),
+    (
+        "no catch-up when the step would not fit before the next tick",
+        209,
+        view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, OWED, STEADY)),
+        WaitUntil(240 * MS),
+    ),
+    (
+        "the last start that fits: catch-up",
+        207.5,
+        view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, OWED, STEADY)),
+        StepNow((0,), "catchup"),
+    ),
+    (
+        "no catch-up without a step estimate",
+        165,
+        view(slot(0, 163), slot(1), state=grid_state(0, 3, OWED, STEADY)),
+        WaitUntil(240 * MS),
+    ),
+    (
+        "a backlog without debt gets no catch-up (a client ahead of real time)",
+        165,
+        view(slot(0, 100, 130, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)),
+        WaitUntil(240 * MS),
+    ),
+    (
+        "catch-up budget spent: wait for the tick",
+        1165,
+        view(
+            slot(0, 1163),
+            slot(1),
+            steps_ms=(30,) * 5,
+            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.9, 1.1), seen=True), STEADY),
+        ),
+        WaitUntil(1200 * MS),
+    ),
+    (
+        "catch-up budget frees before the last start that fits: wake then",
+        1165,
+        view(
+            slot(0, 1163),
+            slot(1),
+            steps_ms=(10,) * 5,
+            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.17, 1.1), seen=True), STEADY),
+        ),
+        WaitUntil(1170 * MS),
+    ),
+    (
+        "a tick that passed empty counts as missed for a steady slot",
+        165,
+        view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 2, STEADY, STEADY)),
+        StepNow((0,), "catchup"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("now_ms", "v", "want"), [c[1:] for c in GRID_CASES], ids=[c[0] for c in GRID_CASES])
+def test_grid_policy(now_ms: float, v: SchedulerView, want: StepNow | WaitUntil) -> None:
+    assert_decision(GridPolicy(tick_ms=80, guard_ms=2, max_catchups_per_s=2).decide(now_ms * MS, v), want)
+
+
+def test_grid_books_next_tick_from_the_previous_due_time_not_from_now() -> None:
+    policy = GridPolicy(first_tick_lead_ms=10)
+    state = PolicyState()
+    v = view(slot(0, 10), state=state)
+    step = policy.decide(10 * MS, v)
+    assert isinstance(step, StepNow)
+    state = policy.after_step(state, v, step, 10 * MS)
+    assert state.origin == pytest.approx(20 * MS)
+    # A step that starts 20 ms late still books the next tick from its own due time.
+    v = view(slot(0, 95), state=state)
+    step = policy.decide(120 * MS, v)
+    assert_decision(step, StepNow((0,), "tick", 100 * MS))
+    assert isinstance(step, StepNow)
+    state = policy.after_step(state, v, step, 120 * MS)
+    assert policy.tick_time(state, state.next_tick) == pytest.approx(180 * MS)
+
+
+def test_grid_slot_states_after_a_tick() -> None:
+    policy = GridPolicy(steady_ticks=8)
+    state = grid_state(0, 2, STEADY, STEADY, SlotState(streak=3), OWED, SlotState(streak=10, debt=2))
+    v = view(
+        slot(0, 150),  # stepped, nothing left: current
+        slot(1),  # steady, missed the tick: owes one
+        slot(2),  # not steady yet: a missing frame is not lateness
+        slot(3),  # owes already and misses again: owes more (a late burst)
+        slot(4, 70, 140, 150),  # stepped a frame that is a tick late: still behind, keeps its debt
+        state=state,
+    )
+    step = policy.decide(160 * MS, v)
+    assert_decision(step, StepNow((0, 4), "tick", 160 * MS))
+    assert isinstance(step, StepNow)
+    after = policy.after_step(state, v, step, 160 * MS)
+    assert after.next_tick == 3 and after.ticks == 1
+    assert [(s.streak, s.debt) for s in after.slots] == [(11, 0), (0, 1), (0, 0), (0, 2), (11, 2)]
+
+
+def test_grid_catch_up_spends_debt_and_budget_and_a_miss_right_after_is_phase() -> None:
+    policy = GridPolicy(max_catchups_per_s=2)
+    state = grid_state(0, 3, OWED, STEADY)
+    v = view(slot(0, 163), slot(1), steps_ms=(30,), state=state)
+    step = policy.decide(165 * MS, v)
+    assert_decision(step, StepNow((0,), "catchup"))
+    assert isinstance(step, StepNow)
+    state = policy.after_step(state, v, step, 165 * MS)
+    assert state.slots[0] == SlotState(streak=0, debt=0, catchups=(165 * MS,), caught_up=True, seen=True)
+    assert state.catchup_steps == 1 and state.next_tick == 3
+    # Slot 0's next frame comes after the tick again: that is its phase, it owes nothing.
+    v = view(slot(0), slot(1, 230), state=state)
+    step = policy.decide(240 * MS, v)
+    assert isinstance(step, StepNow)
+    state = policy.after_step(state, v, step, 240 * MS)
+    assert state.slots[0].debt == 0
+
+
+def test_grid_slot_leaving_or_resetting_forgets_its_cadence() -> None:
+    policy = GridPolicy()
+    state = grid_state(0, 2, SlotState(streak=20, debt=1), SlotState(streak=20, debt=1))
+    v = view(slot(0, 150, reset=True), slot(1, active=False), slot(2, 155), state=state)
+    step = policy.decide(160 * MS, v)
+    assert_decision(step, StepNow((2,), "tick", 160 * MS))
+    assert isinstance(step, StepNow)
+    after = policy.after_step(state, v, step, 160 * MS)
+    assert after.slots[0] == SlotState() and after.slots[1] == SlotState()
+
+
+def test_make_policy_validates_the_name() -> None:
+    assert make_policy("grid").name == "grid"
+    assert make_policy("deadline", guard_ms=3).name == "deadline"
+    assert isinstance(make_policy("window", max_batch_wait_ms=5), WindowPolicy)
+    assert make_policy("window", max_batch_wait_ms=5) == WindowPolicy(max_batch_wait_ms=5)
+    with pytest.raises(
+        ValueError, match=r"unknown tick policy 'fixed'; choose one of: grid, deadline, window"
+    ):
+        make_policy("fixed")
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "want"),
+    [
+        ((1.0,), 90, 1.0),
+        ((1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0), 90, 9.0),
+        ((3.0, 1.0, 2.0), 50, 2.0),
+        ((5.0, 1.0), 100, 5.0),
+    ],
+)
+def test_percentile_nearest_rank(values: tuple[float, ...], q: float, want: float) -> None:
+    assert percentile(values, q) == want
+
+
+def test_views_are_immutable() -> None:
+    v = view(slot(0, 1))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        v.slots[0].frames = ()
+
+
+def test_grid_a_backlog_of_constant_depth_becomes_debt_a_growing_one_does_not() -> None:
+    policy = GridPolicy(stable_backlog_ticks=4)
+
+    def tick(state: PolicyState, n: int, frames_ms: tuple[float, ...]) -> PolicyState:
+        v = view(slot(0, *frames_ms), state=state)
+        step = policy.decide(n * 80 * MS, v)
+        assert_decision(step, StepNow((0,), "tick", n * 80 * MS))
+        assert isinstance(step, StepNow)
+        return policy.after_step(state, v, step, n * 80 * MS)
+
+    # One frame behind for good (it came late before the slot was steady): owed after 4 ticks.
+    state = grid_state(0, 1, SlotState(streak=5, seen=True))
+    for n in range(1, 5):
+        state = tick(state, n, ((n - 1) * 80 - 5, n * 80 - 5))
+        assert state.slots[0].debt == (1 if n == 4 else 0), n
+    # A client ahead of real time (1.5x): it falls further behind every other tick, never owed.
+    state = grid_state(0, 1, SlotState(streak=5, seen=True))
+    for n in range(1, 12):
+        oldest = n * 80 - 5 - 40 * n
+        state = tick(state, n, tuple(range(oldest, n * 80, 53)))
+        assert state.slots[0].debt == 0, n
+
+
+def test_grid_a_slots_first_frame_is_owed_a_catch_up() -> None:
+    policy = GridPolicy()
+    new = SlotState()
+    v = view(slot(0, 130), slot(1), steps_ms=(20,), state=grid_state(0, 2, new, STEADY))
+    assert_decision(policy.decide(131 * MS, v), StepNow((0,), "catchup"))
+    # Not caught up: its next frame (aligned) wanted the same tick, so at the tick after it
+    # is a frame behind, within its first two steps: owed one.
+    state = grid_state(0, 2, new, STEADY)
+    for tick_ms, frames in ((160, (130, 150)), (240, (150, 230))):
+        v = view(slot(0, *frames), slot(1, tick_ms - 5), steps_ms=(20,), state=state)
+        step = policy.decide(tick_ms * MS, v)
+        assert_decision(step, StepNow((0, 1), "tick", tick_ms * MS))
+        assert isinstance(step, StepNow)
+        state = policy.after_step(state, v, step, tick_ms * MS)
+    assert (state.slots[0].seen, state.slots[0].debt) == (True, 1)
