@@ -11,25 +11,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .counters import Counters
+
 if TYPE_CHECKING:
     from .scheduler.actor import Scheduler
 
+__all__ = ["Counters", "render"]
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-class Counters:
-    """Process-wide counters the session actors and connections update (no locks: one loop)."""
-
-    def __init__(self) -> None:
-        self.frames_in = 0
-        self.frames_out = 0
-        self.dropped: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.close_codes: Counter[int] = Counter()
-        self.sessions_opened = 0
-        self.sessions_closed: Counter[str] = Counter()
-        self.connection_errors: Counter[str] = Counter()
-        self.refused: Counter[str] = Counter()
 
 
 def _labels(**labels: Any) -> str:

@@ -119,51 +119,35 @@ def test_refusals_and_closing_parse() -> None:
         (
             {"type": "response.done", "response": []},
             "realtime",
-            ResponseDone(
-                type="response.done",
-                raw={},
-                received_at=0.0,
-                seq=0,
-                response_id="",
-                status="",
-                reason=None,
-                transcript="",
-            ),
+            OtherEvent(type="response.done", raw={}, received_at=0.0, seq=0),
         ),
         (
             {"type": "response.output_audio.delta", "metadata": [], "response_id": 3},
             "realtime",
-            AudioDelta(
-                type="response.output_audio.delta",
-                raw={},
-                received_at=0.0,
-                seq=0,
-                response_id=None,
-                epoch=0,
-                frame_index=0,
-                pcm16=b"",
-            ),
+            OtherEvent(type="response.output_audio.delta", raw={}, received_at=0.0, seq=0),
         ),
         (
             {"type": "session.created", "session": "nope"},
             "realtime",
-            SessionCreated(type="session.created", raw={}, received_at=0.0, seq=0, session_id="", session={}),
+            OtherEvent(type="session.created", raw={}, received_at=0.0, seq=0),
         ),
         (
             {"type": "session.closed", "reason": None},
             "native",
-            SessionClosed(type="session.closed", raw={}, received_at=0.0, seq=0, session_id="", reason=""),
+            OtherEvent(type="session.closed", raw={}, received_at=0.0, seq=0),
         ),
     ],
 )
-def test_odd_shapes_never_raise_and_read_as_empty(
+def test_malformed_shapes_never_raise_and_read_as_untyped(
     obj: dict[str, Any], dialect: Dialect, expected: Any
 ) -> None:
-    """A missing or mistyped field reads as empty, an unknown or missing type as OtherEvent; the
-    raw object is kept as received."""
+    """A message that is not a valid event of its class, or of an unknown or missing type, reads
+    as OtherEvent without a wire event (a malformed error still as an Error); the raw object is
+    kept as received."""
     got = parse_server_event(obj, dialect=dialect, received_at=1.5, seq=4)
     assert type(got) is type(expected)
-    assert got == expected  # raw, received_at and seq are not compared (eq=False) ...
+    assert got == expected
+    assert got.wire is None  # raw, received_at and seq are not compared (eq=False) ...
     assert got.raw is obj and got.received_at == 1.5 and got.seq == 4  # ... so check them here
 
 

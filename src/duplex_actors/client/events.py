@@ -227,7 +227,8 @@ def parse_server_event(
 ) -> ServerEvent:
     """The typed event of one decoded server message. Never raises: a message of an unknown
     ``type``, or one that is not a valid event of its class, is an :class:`OtherEvent` with
-    ``wire=None``."""
+    ``wire=None``; a malformed ``error`` is still an :class:`Error` (code ``unknown``), so that
+    a client never misses that something went wrong."""
     kind = obj.get("type")
     kind = kind if isinstance(kind, str) else ""
     common: dict[str, Any] = {"type": kind, "raw": obj, "received_at": received_at, "seq": seq}
@@ -237,6 +238,8 @@ def parse_server_event(
     try:
         event = CONVERTER.structure(obj, cls)
     except Exception:  # any malformed shape: the contract is to never raise
+        if kind == "error":
+            return Error(**common, code="unknown", message="", event_id=None)
         return OtherEvent(**common)
     common["wire"] = event
     return _view(event, common)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import CodedError
 
-class ModelError(Exception):
+
+class ModelError(CodedError):
     """Base class; ``code`` is stable and user-visible."""
 
     code = "internal_error"

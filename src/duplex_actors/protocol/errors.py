@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from ..errors import CodedError
+
 ErrorType = Literal["invalid_request_error", "rate_limit_error", "server_error"]
 
 INVALID_JSON: Final = "invalid_json"
@@ -76,7 +78,7 @@ def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class ProtocolError(Exception):
+class ProtocolError(CodedError):
     """An inbound message the server refuses; the session (if any) stays usable.
 
     ``event_type`` and ``client_event_id`` are those of the refused event when they could be

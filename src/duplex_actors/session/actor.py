@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import trio
 
 from ..audio import float_to_pcm16
+from ..counters import Counters
+from ..errors import code_of
 from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev
@@ -72,7 +74,7 @@ class SessionActor:
         session_log: SessionLogHandle,
         outbox: trio.MemorySendChannel[ev.SessionEvent],
         max_commands: int = 256,
-        counters: Any = None,
+        counters: Counters | None = None,
     ) -> None:
         self.core = core
         self.slot = slot
@@ -113,7 +115,7 @@ class SessionActor:
 
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
-        code = getattr(exc, "code", "internal_error")
+        code = code_of(exc, "internal_error")
         if code in ("checkpoint_error", "internal_error"):
             code, message = "internal_error", "the model could not start this session's context"
         else:

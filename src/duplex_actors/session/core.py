@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..audio import FRAME_SAMPLES, SAMPLE_RATE, AudioError, decode
+from ..errors import code_of
 from ..log import records as r
 from . import events as ev
 
@@ -287,7 +288,7 @@ class SessionCore:
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
         if refusal is not None:
-            self._error(out, getattr(refusal, "code", "invalid_value"), str(refusal), record.client_event_id)
+            self._error(out, code_of(refusal, "invalid_value"), str(refusal), record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
 
     def _update(self, record: r.Update, out: list[Effect]) -> None:
@@ -295,7 +296,7 @@ class SessionCore:
         try:
             prompt = self._validated(merged)
         except Exception as exc:
-            self._error(out, getattr(exc, "code", "invalid_value"), str(exc), record.client_event_id)
+            self._error(out, code_of(exc, "invalid_value"), str(exc), record.client_event_id)
             return
         if self.locked:
             if prompt.voice != self.prompt.voice:

@@ -251,7 +251,7 @@ class NativeDialect:
         if not isinstance(event, pe.SessionCreate):
             raise ProtocolError(
                 errors.BAD_EVENT,
-                f"the first message must be session.create, got {getattr(event, 'TYPE', '?')}",
+                f"the first message must be session.create, got {event.TYPE}",
                 client_event_id=event.event_id,
             )
         self.binary_output = bool(event.binary_output)

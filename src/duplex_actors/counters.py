@@ -1,0 +1,23 @@
+"""The process-wide counters that session actors and connections update; ``metrics`` renders them.
+
+Kept apart from the rendering so that the session actor (below the scheduler) can type them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+class Counters:
+    """Process-wide counters the session actors and connections update (no locks: one loop)."""
+
+    def __init__(self) -> None:
+        self.frames_in = 0
+        self.frames_out = 0
+        self.dropped: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.close_codes: Counter[int] = Counter()
+        self.sessions_opened = 0
+        self.sessions_closed: Counter[str] = Counter()
+        self.connection_errors: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
