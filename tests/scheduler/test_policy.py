@@ -353,7 +353,7 @@ def test_percentile_nearest_rank(values: tuple[float, ...], q: float, want: floa
 def test_views_are_immutable() -> None:
     v = view(slot(0, 1))
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        v.slots[0].frames = ()
+        v.slots[0].frames = ()  # type: ignore[misc]
 
 
 def test_grid_a_backlog_of_constant_depth_becomes_debt_a_growing_one_does_not() -> None:
