@@ -12,6 +12,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from .errors import CodedError
+
 SAMPLE_RATE: Final = 24_000
 FRAME_MS: Final = 80
 FRAME_SAMPLES: Final = SAMPLE_RATE * FRAME_MS // 1000  # 1920
@@ -23,7 +25,7 @@ FORMATS: Final = {"pcm16": 2, "pcm_f32le": 4}
 ALIASES: Final = {"pcm16": "pcm16", "audio/pcm": "pcm16", "pcm_s16le": "pcm16", "pcm_f32le": "pcm_f32le"}
 
 
-class AudioError(ValueError):
+class AudioError(CodedError, ValueError):
     """``code`` is the wire error code: bad_audio or unsupported_audio_format."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -33,10 +33,11 @@ import trio
 
 from . import __version__
 from .audio import encode_f32
+from .counters import Counters
+from .errors import CodedError
 from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
-from .metrics import Counters
 from .model.engine import EngineDescription, ModelEngine
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 
-class LogUnavailable(Exception):
+class LogUnavailable(CodedError):
     code = "log_unavailable"
 
 

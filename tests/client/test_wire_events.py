@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from duplex_actors.client import OtherEvent, parse_server_event
+from duplex_actors.client import Error, OtherEvent, parse_server_event
 from duplex_actors.protocol import events as wire
 from duplex_actors.protocol.codec import encode_server_event
 from duplex_actors.protocol.native import NativeProjection
@@ -54,7 +54,6 @@ def test_every_message_parses_into_its_class_and_encodes_back_to_itself(variant:
 @pytest.mark.parametrize(
     "message",
     [
-        {"type": "error"},
         {"type": "response.output_audio.delta", "delta": 5},
         {"type": "session.created", "event_id": "e", "session": {"id": "s"}},
     ],
@@ -62,3 +61,8 @@ def test_every_message_parses_into_its_class_and_encodes_back_to_itself(variant:
 def test_a_message_that_is_not_a_valid_event_is_other_with_no_wire(message: dict[str, Any]) -> None:
     parsed = parse_server_event(message)
     assert isinstance(parsed, OtherEvent) and parsed.wire is None and parsed.type == message["type"]
+
+
+def test_a_malformed_error_is_still_an_error() -> None:
+    parsed = parse_server_event({"type": "error"})
+    assert isinstance(parsed, Error) and parsed.wire is None and parsed.code == "unknown"

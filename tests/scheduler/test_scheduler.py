@@ -7,6 +7,7 @@ tests/test_server.py and tests/property).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -255,8 +256,11 @@ async def test_prepare_runs_in_a_worker_thread_under_virtual_time_when_asked(aut
     threads: dict[str, int] = {}
     release = threading.Event()
 
+    started = threading.Event()
+
     def slow_prepare(prompt):
         threads["prepare"] = threading.get_ident()
+        started.set()
         release.wait(5)
         engine.prepared.append((prompt, None))
 
@@ -271,14 +275,16 @@ async def test_prepare_runs_in_a_worker_thread_under_virtual_time_when_asked(aut
         s = sched.admit(Sink())
         sched.request_reset(s, 0, SessionPrompt(persona="p"))
         sched.submit_nowait(s, 0, frame(3))
-        with trio.fail_after(5):
-            while "prepare" not in threads:
-                await trio.sleep(0.01)
+        # Wait in real time: under the autojumping MockClock a virtual fail_after would expire
+        # while the worker thread has not even started.
+        assert await trio.to_thread.run_sync(started.wait, 10)
+        await trio.testing.wait_all_tasks_blocked()
         assert not engine.calls  # neither the reset nor the frame's step before prepare returns
         release.set()
-        with trio.fail_after(5):
-            while len(engine.calls) < 2:
-                await trio.sleep(0.01)
+        give_up = time.monotonic() + 10
+        while len(engine.calls) < 2:
+            assert time.monotonic() < give_up, engine.calls
+            await trio.sleep(0.001)
         assert [c[0] for c in engine.calls] == ["reset", "step"]
         assert threads["prepare"] != threading.get_ident() == threads["reset"]
         nursery.cancel_scope.cancel()

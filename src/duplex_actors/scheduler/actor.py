@@ -23,6 +23,7 @@ import numpy.typing as npt
 import trio
 
 from ..audio import FRAME_MS
+from ..errors import CodedError
 from ..model.engine import ModelEngine, SessionPrompt, StepOutput
 from .clock import INLINE, REAL_TIME, Clock, Executor, Threads, engine_executor
 from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
@@ -35,11 +36,11 @@ log = logging.getLogger(__name__)
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf"))
 
 
-class ResourceExhausted(Exception):
+class ResourceExhausted(CodedError):
     code = "resource_exhausted"
 
 
-class SchedulerFailed(Exception):
+class SchedulerFailed(CodedError):
     code = "internal_error"
 
 

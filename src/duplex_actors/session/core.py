@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..audio import FRAME_SAMPLES, SAMPLE_RATE, AudioError, decode
-from ..errors import code_of
+from ..errors import CodedError, code_of
 from ..log import records as r
 from . import events as ev
 
@@ -66,7 +66,7 @@ class SessionLimits:
             raise ValueError("max_buffered_samples must hold at least 10 s of audio")
 
 
-class ConfigRefused(ValueError):
+class ConfigRefused(CodedError, ValueError):
     """A session config the core itself refuses (before the model family sees it)."""
 
     def __init__(self, code: str, message: str) -> None:

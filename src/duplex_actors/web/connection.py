@@ -21,8 +21,8 @@ from typing import Any
 
 import trio
 
+from ..counters import Counters
 from ..faults import Faults
-from ..metrics import Counters
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle, SlotReservation
 from ..session import events as ev
