@@ -248,3 +248,34 @@ async def test_vllm_omni_duplex_client_unmodified(parrot_server, vllm_omni):
     assert {d["metadata"]["epoch"] for d in a.deltas(first_id)} == {0}
     assert {d["metadata"]["epoch"] for d in a.deltas(second_id)} == {1}
     assert all(len(base64.b64decode(d["delta"])) == FRAME_PCM16_BYTES for d in a.deltas() + b.deltas())
+
+
+async def test_event_ack_and_commit_codes_on_the_wire(parrot_server):
+    """Acks are accepted and not logged, a bad ack is ``invalid_event_ack``, and a commit says
+    ``input_audio_buffer_empty`` with nothing buffered, ``commit_unsupported`` otherwise; the
+    session goes on and its log replays (tests/replay covers the replayer itself)."""
+    from duplex_actors.log import records as r
+
+    from .helpers import connect, pcm16, read_records
+
+    async with connect(parrot_server.ws + "/v1/realtime?duplex=1") as c:
+        await c.wait_for("session.updated")
+        sid = c.session_id
+        for seq in (0, 1, 2):
+            await c.send({"type": "session.event_ack", "server_event_seq": seq})
+        await c.send({"type": "input_audio_buffer.commit", "event_id": "c1"})
+        err = await c.wait_error("input_audio_buffer_empty")
+        assert err["error"]["event_id"] == "c1" and isinstance(err["server_event_seq"], int)
+        await c.send({"type": "session.event_ack", "server_event_seq": -1, "event_id": "a1"})
+        err = await c.wait_error("invalid_event_ack")
+        assert err["error"]["event_id"] == "a1"
+        await c.append(pcm16(tone_and_noise(FRAME_SAMPLES / 24_000 / 2, seed=5)))  # half a frame
+        await c.send({"type": "input_audio_buffer.commit", "event_id": "c2"})
+        await c.wait_error("commit_unsupported")
+        await c.append(pcm16(tone_and_noise(FRAME_SAMPLES / 24_000 / 2, seed=6)))
+        await c.wait_until(lambda: c.output_frames() == 1, what="the completed frame's output")
+        assert c.error_codes() == ["input_audio_buffer_empty", "invalid_event_ack", "commit_unsupported"]
+    records = await read_records(parrot_server, sid)
+    assert records[0].output == {"names": "ga", "duplex": True}
+    rejected = [rec.code for rec in records if isinstance(rec, r.Rejected)]
+    assert rejected == ["input_audio_buffer_empty", "invalid_event_ack", "commit_unsupported"]
