@@ -102,7 +102,7 @@ class Recorder:
                 message = await self.ws.recv()
                 if isinstance(message, str):
                     recorder.received.append(json.loads(message))
-                return message  # type: ignore[no-any-return]
+                return message
 
             async def close(self) -> None:
                 await self.ws.close()
