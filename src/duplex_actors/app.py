@@ -399,6 +399,7 @@ def _dialect(
             capabilities=capabilities(slots),
             beta="realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols,
             autostart=websocket.args.get("autostart", "1") != "0",
+            duplex=websocket.args.get("duplex", "0") not in ("0", "", "false"),
             max_message_bytes=config.max_message_bytes,
         )
     return NativeDialect(capabilities=capabilities(slots), max_message_bytes=config.max_message_bytes)

@@ -46,6 +46,7 @@ def test_every_client_event_of_the_dialect_parses(dialect: str) -> None:
         "response.create": {"response": {"modalities": ["audio"]}},
         "response.cancel": {"response_id": "resp_1"},
         "playback.ack": {"played_ms": 80},
+        "session.event_ack": {"server_event_seq": 3},
         "session.create": {"session": {"voice": "NATF2.pt"}},
     }
     classes = wire.REALTIME_CLIENT_EVENTS if dialect == "realtime" else wire.NATIVE_CLIENT_EVENTS

@@ -79,6 +79,7 @@ def test_client_events_validate_and_unknown_or_malformed_do_not(dialect: str) ->
         "session.update": wire.SessionUpdate({"voice": "NATF2.pt"}, "e"),
         "input_audio_buffer.append": wire.InputAudioBufferAppend("AAAA", format="pcm16"),
         "playback.ack": wire.PlaybackAck({"played_ms": 1}),
+        "session.event_ack": wire.SessionEventAck(1),
     }
     for cls in classes:
         event = defaults.get(cls.TYPE) or cls()

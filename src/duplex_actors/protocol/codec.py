@@ -37,6 +37,7 @@ from .events import (
     PlaybackAck,
     RealtimeClientEvent,
     SessionCreate,
+    SessionEventAck,
 )
 
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
@@ -316,6 +317,14 @@ def parse_client_object(obj: Any, *, dialect: Dialect) -> ClientEvent:
         raise ValueError(f"unknown dialect {dialect!r}")
     if raw_type not in _TYPES[dialect]:
         raise refuse(codes.UNKNOWN_EVENT, f"unknown event type {clip(raw_type, 128)!r}", "type")
+    if raw_type == SessionEventAck.TYPE:
+        seq = obj.get("server_event_seq")
+        if type(seq) is not int or seq < 0:
+            raise refuse(
+                codes.INVALID_EVENT_ACK,
+                f"`server_event_seq` must be a non-negative integer, not {clip(repr(seq), 64)}",
+                "server_event_seq",
+            )
     try:
         event: ClientEvent = CONVERTER.structure(obj, _UNIONS[dialect])
     except Exception as exc:

@@ -28,6 +28,8 @@ MODEL_NOT_FOUND: Final = "model_not_found"
 RESPONSE_CANCEL_NOT_ACTIVE: Final = "response_cancel_not_active"
 COMMIT_UNSUPPORTED: Final = "commit_unsupported"
 RESPONSE_CREATE_UNSUPPORTED: Final = "response_create_unsupported"
+INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code (spec §8)
+INVALID_EVENT_ACK: Final = "invalid_event_ack"
 CONFIG_TIMEOUT: Final = "config_timeout"
 RESOURCE_EXHAUSTED: Final = "resource_exhausted"
 SESSION_CLOSED: Final = "session_closed"
@@ -51,6 +53,8 @@ CODES: Final[tuple[str, ...]] = (
     RESPONSE_CANCEL_NOT_ACTIVE,
     COMMIT_UNSUPPORTED,
     RESPONSE_CREATE_UNSUPPORTED,
+    INPUT_AUDIO_BUFFER_EMPTY,
+    INVALID_EVENT_ACK,
     CONFIG_TIMEOUT,
     RESOURCE_EXHAUSTED,
     SESSION_CLOSED,

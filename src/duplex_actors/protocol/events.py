@@ -114,6 +114,17 @@ class PlaybackAck:
 
 
 @attrs.frozen(slots=True)
+class SessionEventAck:
+    """vLLM-Omni's clients acknowledge every sequenced server event (spec §8). Nothing is
+    resumable here, so an ack changes nothing and is not logged; ``server_event_seq`` must be a
+    non-negative integer (else ``invalid_event_ack``)."""
+
+    TYPE: ClassVar[str] = "session.event_ack"
+    server_event_seq: int
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
 class SessionCreate:
     """Native only, and only as the first message: the config under ``session`` or at the
     top level; ``binary_output`` (either place) asks for output audio as binary messages."""
@@ -136,6 +147,7 @@ RealtimeClientEvent = (
     | SessionClose
     | SessionHeartbeat
     | PlaybackAck
+    | SessionEventAck
 )
 NativeClientEvent = RealtimeClientEvent | SessionCreate
 ClientEvent = NativeClientEvent
@@ -151,6 +163,7 @@ REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
     SessionClose,
     SessionHeartbeat,
     PlaybackAck,
+    SessionEventAck,
 )
 NATIVE_CLIENT_EVENTS: tuple[type[Any], ...] = (*REALTIME_CLIENT_EVENTS, SessionCreate)
 
@@ -229,10 +242,34 @@ class ContentPart:
 
 
 @attrs.frozen(slots=True)
+class VllmOmniRuntime:
+    """What vLLM-Omni's drivers check to prove batched serving (spec §8); true by construction
+    here: one scheduler steps every session in one batched KV."""
+
+    runtime_impl: Literal["scheduler_data_plane"]
+    uses_model_runner_scheduler: Literal[True]
+    runner_kv_backed: Literal[True]
+
+
+_DUPLEX_ONLY: Final = {OMIT_IF_NONE: True}  # sent on ``?duplex=1`` connections only (spec §8)
+
+
+@attrs.frozen(slots=True)
 class AudioMetadata:
     epoch: int
     frame_index: int
     audio_duration_ms: int
+    session_id: str | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+    model_speak: Literal[True] | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+    end_of_turn: Literal[False] | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+    vllm_omni: VllmOmniRuntime | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+
+
+@attrs.frozen(slots=True)
+class SpeakMetadata:
+    session_id: str
+    epoch: int
+    model_speak: Literal[True]
 
 
 @attrs.frozen(slots=True)
@@ -257,6 +294,7 @@ class RealtimeSessionUpdated:
     TYPE: ClassVar[str] = "session.updated"
     event_id: str
     session: SessionObject
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -264,6 +302,7 @@ class RealtimeResponseCreated:
     TYPE: ClassVar[str] = "response.created"
     event_id: str
     response: Response
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -273,6 +312,7 @@ class RealtimeOutputItemAdded:
     response_id: str
     output_index: int
     item: Item
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -282,6 +322,7 @@ class RealtimeConversationItemAdded:
     event_id: str
     previous_item_id: str | None
     item: Item
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -293,6 +334,22 @@ class RealtimeContentPartAdded:
     output_index: int
     content_index: int
     part: ContentPart
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+
+
+@attrs.frozen(slots=True)
+class RealtimeResponseSpeak:
+    """vLLM-Omni's speak decision (spec §8): once per response, before its first audio delta,
+    on ``?duplex=1`` connections only."""
+
+    TYPE: ClassVar[str] = "response.speak"
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    metadata: SpeakMetadata
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -309,6 +366,7 @@ class RealtimeOutputAudioDelta:
     delta: str
     sample_rate_hz: Literal[24000]
     metadata: AudioMetadata
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -321,6 +379,7 @@ class RealtimeOutputAudioTranscriptDelta:
     output_index: int
     content_index: int
     delta: str
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -328,6 +387,7 @@ class RealtimeOutputAudioBufferCleared:
     TYPE: ClassVar[str] = "output_audio_buffer.cleared"
     event_id: str
     response_id: str | None
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -339,6 +399,7 @@ class RealtimeOutputAudioDone:
     item_id: str
     output_index: int
     content_index: int
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -351,6 +412,7 @@ class RealtimeOutputAudioTranscriptDone:
     output_index: int
     content_index: int
     transcript: str
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -362,6 +424,7 @@ class RealtimeContentPartDone:
     output_index: int
     content_index: int
     part: ContentPart
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -371,6 +434,7 @@ class RealtimeOutputItemDone:
     response_id: str
     output_index: int
     item: Item
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -382,6 +446,7 @@ class RealtimeConversationItemDone:
     event_id: str
     previous_item_id: str | None
     item: Item
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -389,6 +454,7 @@ class RealtimeResponseDone:
     TYPE: ClassVar[str] = "response.done"
     event_id: str
     response: Response
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -396,6 +462,7 @@ class RealtimeRateLimitsUpdated:
     TYPE: ClassVar[str] = "rate_limits.updated"
     event_id: str
     rate_limits: list[dict[str, Any]]
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -404,12 +471,14 @@ class RealtimeSpeechStarted:
     event_id: str
     audio_start_ms: int
     item_id: str
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
 class RealtimeInputAudioBufferCleared:
     TYPE: ClassVar[str] = "input_audio_buffer.cleared"
     event_id: str
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -417,6 +486,7 @@ class RealtimeHeartbeatAck:
     TYPE: ClassVar[str] = "session.heartbeat_ack"
     event_id: str
     client_event_id: str | None
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -425,6 +495,7 @@ class RealtimePlaybackAcknowledged:
     event_id: str
     client_event_id: str | None
     payload: dict[str, Any]
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -432,6 +503,7 @@ class RealtimeError:
     TYPE: ClassVar[str] = "error"
     event_id: str
     error: ErrorDetail
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -440,6 +512,7 @@ class RealtimeSessionClosing:
     event_id: str
     session_id: str
     reason: str
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 @attrs.frozen(slots=True)
@@ -448,6 +521,7 @@ class RealtimeSessionClosed:
     event_id: str
     session_id: str
     reason: str
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
 REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
@@ -457,6 +531,7 @@ REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
     RealtimeOutputItemAdded,
     RealtimeConversationItemAdded,
     RealtimeContentPartAdded,
+    RealtimeResponseSpeak,
     RealtimeOutputAudioDelta,
     RealtimeOutputAudioTranscriptDelta,
     RealtimeOutputAudioBufferCleared,

@@ -19,6 +19,13 @@ the client cancelled it, cleared the output buffer or closed the session, and
 ``session_closed``). OpenAI's ``incomplete`` means the model stopped on a token or content
 limit, which never happens here.
 
+``duplex=True`` (the client connected with ``?duplex=1``, as vLLM-Omni's clients do; spec §8):
+every event but ``session.created`` carries ``server_event_seq`` (1, 2, ... counted over what
+this projection sends, so a replay of the log reproduces it), each response's first audio delta
+is preceded by ``response.speak``, and each delta's ``metadata`` adds ``session_id``,
+``model_speak``, ``end_of_turn`` and the ``vllm_omni`` runtime flags. Without it the messages
+are exactly OpenAI's.
+
 The projection builds the :mod:`.events` classes and sends what the one converter makes of
 them (``codec.server_event_encoder``: ``type`` first, the beta name for beta clients). Every
 event gets ``event_id = evt_<session id without sess_>_<n>`` from a counter the projection
@@ -34,6 +41,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+import attrs
+
 from ..audio import FRAME_MS, SAMPLE_RATE
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS
@@ -42,6 +51,7 @@ from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_
 from .errors import ProtocolError, clip, error_type
 
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
+_VLLM_OMNI_RUNTIME: Final = wire.VllmOmniRuntime("scheduler_data_plane", True, True)
 
 
 def error_object(
@@ -91,6 +101,7 @@ class RealtimeProjection:
         *,
         beta: bool = False,
         output_chunk_frames: int = 1,
+        duplex: bool = False,
     ) -> None:
         if not 1 <= output_chunk_frames <= MAX_CHUNK_FRAMES:
             raise ValueError(f"output_chunk_frames must be in 1..{MAX_CHUNK_FRAMES}")
@@ -99,6 +110,7 @@ class RealtimeProjection:
         self.capabilities = dict(capabilities)
         self.beta = beta
         self.output_chunk_frames = output_chunk_frames
+        self.duplex = duplex
         self.closed = False
         self._suffix = session_id.removeprefix("sess_")
         self._seq = 0
@@ -110,6 +122,8 @@ class RealtimeProjection:
         self._content_type: Literal["audio", "output_audio"] = "audio" if beta else "output_audio"
         self._previous_item_id: str | None = None  # the item before the current response's
         self._pending: list[ev.AudioFrame] = []
+        self._server_event_seq = 0  # duplex: the last server_event_seq sent
+        self._spoken: str | None = None  # duplex: the response whose response.speak was sent
 
     @property
     def events_sent(self) -> int:
@@ -126,7 +140,11 @@ class RealtimeProjection:
 
     def _encode(self, event: Any) -> dict[str, Any]:
         # KeyError: an event this vocabulary lacks, built without asking _sends() first.
-        return self._encoders[type(event)](event)
+        encode = self._encoders[type(event)]
+        if self.duplex and not isinstance(event, wire.RealtimeSessionCreated):
+            self._server_event_seq += 1
+            event = attrs.evolve(event, server_event_seq=self._server_event_seq)
+        return encode(event)
 
     def _emit(self, out: list[dict[str, Any]], event: Any) -> None:
         out.append(self._encode(event))
@@ -241,6 +259,19 @@ class RealtimeProjection:
         first = frames[0]
         rid, item_id = first.response_id, first.item_id
         pcm = first.pcm16 if len(frames) == 1 else b"".join(f.pcm16 for f in frames)
+        metadata = wire.AudioMetadata(first.epoch, first.frame_index, FRAME_MS * len(frames))
+        if self.duplex:
+            metadata = attrs.evolve(
+                metadata,
+                session_id=self.session_id,
+                model_speak=True,
+                end_of_turn=False,
+                vllm_omni=_VLLM_OMNI_RUNTIME,
+            )
+            if self._spoken != rid:
+                self._spoken = rid
+                speak = wire.SpeakMetadata(self.session_id, first.epoch, True)
+                self._emit(out, wire.RealtimeResponseSpeak(self._id(), rid, item_id, 0, 0, speak))
         self._emit(
             out,
             wire.RealtimeOutputAudioDelta(
@@ -251,7 +282,7 @@ class RealtimeProjection:
                 0,
                 delta=base64.b64encode(pcm).decode("ascii"),
                 sample_rate_hz=SAMPLE_RATE,
-                metadata=wire.AudioMetadata(first.epoch, first.frame_index, FRAME_MS * len(frames)),
+                metadata=metadata,
             ),
         )
         text = "".join(f.text for f in frames)

@@ -122,14 +122,10 @@ def _command(event: Any, config: Mapping[str, Any]) -> Command:
         return lambda s: s.playback_ack(payload, client_event_id=eid)
     if isinstance(event, pe.SessionClose):
         return lambda s: s.close("client_close")
+    if isinstance(event, pe.SessionEventAck):
+        return _acknowledged
     if isinstance(event, pe.InputAudioBufferCommit):
-        raise ProtocolError(
-            errors.COMMIT_UNSUPPORTED,
-            "input_audio_buffer.commit is meaningless for a lockstep duplex model: audio is "
-            "consumed frame by frame as it arrives",
-            event_type=event.TYPE,
-            client_event_id=eid,
-        )
+        return lambda s: _refuse_commit(s, eid)
     if isinstance(event, pe.ResponseCreate):
         raise ProtocolError(
             errors.RESPONSE_CREATE_UNSUPPORTED,
@@ -147,6 +143,26 @@ def _command(event: Any, config: Mapping[str, Any]) -> Command:
     raise ProtocolError(errors.UNKNOWN_EVENT, f"unhandled event {type(event).__name__}", client_event_id=eid)
 
 
+async def _acknowledged(session: SessionHandle) -> None:
+    """``session.event_ack``: nothing is resumable, so an ack changes nothing and is not logged."""
+
+
+async def _refuse_commit(session: SessionHandle, client_event_id: str | None) -> None:
+    """Upstream's ``input_audio_buffer_empty`` when no input is waiting (partial frame or frames
+    not yet stepped), else ``commit_unsupported``; the code is in the log's rejected record, so
+    a replay reproduces it."""
+    if session.core.buffered_samples == 0:
+        code = errors.INPUT_AUDIO_BUFFER_EMPTY
+        message = "input_audio_buffer.commit: the input audio buffer is empty"
+    else:
+        code = errors.COMMIT_UNSUPPORTED
+        message = (
+            "input_audio_buffer.commit is meaningless for a lockstep duplex model: audio is "
+            "consumed frame by frame as it arrives"
+        )
+    await session.reject(pe.InputAudioBufferCommit.TYPE, code, message, client_event_id)
+
+
 class RealtimeDialect:
     """OpenAI Realtime projection (GA names, or beta names for ``OpenAI-Beta: realtime=v1``)."""
 
@@ -159,6 +175,7 @@ class RealtimeDialect:
         capabilities: dict[str, Any],
         beta: bool,
         autostart: bool = True,
+        duplex: bool = False,
         max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
     ) -> None:
         from ..protocol.realtime import RealtimeProjection, refusal_error
@@ -170,12 +187,16 @@ class RealtimeDialect:
         self.model = model
         self.capabilities = capabilities
         self.beta = beta
-        self.output = {"names": "beta" if beta else "ga"}
+        # ``?duplex=1``: vLLM-Omni's additions (spec §8); recorded in the header only when asked.
+        self.duplex = duplex
+        self.output: dict[str, Any] = {"names": "beta" if beta else "ga"}
+        if duplex:
+            self.output["duplex"] = True
         self._projection = RealtimeProjection
         self._refusal = refusal_error
 
     def projection(self, session_id: str) -> Projection:
-        return self._projection(session_id, self.model, self.capabilities, beta=self.beta)
+        return self._projection(session_id, self.model, self.capabilities, beta=self.beta, duplex=self.duplex)
 
     def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
         return self._refusal(code, message, client_event_id)
