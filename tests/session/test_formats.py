@@ -146,3 +146,28 @@ def test_g711_output_is_whole_640_byte_frames_at_8k(fmt: str) -> None:
     spectrum = np.abs(np.fft.rfft(decoded))
     assert abs(np.argmax(spectrum) * 8000 / len(decoded) - 500) < 5
     assert out.padded_samples < 640  # only the first frames are completed with silence
+
+
+def test_realtime_projection_sends_g711_deltas_when_the_session_asks() -> None:
+    import base64
+
+    from duplex_actors.protocol.codec import normalize_session_config
+    from duplex_actors.protocol.realtime import RealtimeProjection
+
+    config = normalize_session_config({"audio": {"output": {"format": {"type": "audio/pcmu"}}}})
+    assert config["output_audio_format"] == "g711_ulaw"
+    proj = RealtimeProjection(SID, "tiny-parrot", {})
+    proj.project(ev.SessionCreated(SID, config))
+    pcm = float_to_pcm16(tone(24000, 0.08 * 5, 500.0))
+    deltas = []
+    for k in range(5):
+        frame = ev.AudioFrame("resp_1", "item_1", 0, k, pcm[k * 3840 : (k + 1) * 3840], "")
+        deltas += [m for m in proj.project(frame) if m["type"] == "response.output_audio.delta"]
+    assert len(deltas) == 5
+    for d in deltas:
+        assert d["format"] == "g711_ulaw" and d["sample_rate_hz"] == 8000
+        assert len(base64.b64decode(d["delta"])) == 640
+    pcm_proj = RealtimeProjection(SID, "tiny-parrot", {})
+    pcm_proj.project(ev.SessionCreated(SID, {}))
+    (d,) = pcm_proj.project(ev.AudioFrame("resp_1", "item_1", 0, 0, pcm[:3840], ""))
+    assert "format" not in d and d["sample_rate_hz"] == 24000 and base64.b64decode(d["delta"]) == pcm[:3840]
