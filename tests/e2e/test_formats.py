@@ -76,7 +76,7 @@ async def sdk_session(
 
         first = await next_event()
         report["session_id"] = first.session.id
-        await conn.session.update(session=session)
+        await conn.session.update(session=session)  # type: ignore[arg-type]
         for offset in range(0, len(audio), chunk):
             await conn.input_audio_buffer.append(
                 audio=base64.b64encode(audio[offset : offset + chunk]).decode()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def encoded(samples: np.ndarray, fmt: str) -> bytes:
     return audio.encode_g711(pcm16, fmt)
 
 
-def model_input(records: list[r.Record]) -> np.ndarray:
+def model_input(records: Sequence[r.Record]) -> np.ndarray:
     core = new_core()
     frames = [e.samples for rec in records for e in core.apply(rec) if isinstance(e, SubmitFrame)]
     return np.concatenate(frames) if frames else np.zeros(0, np.float32)
