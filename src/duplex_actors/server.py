@@ -32,7 +32,7 @@ import numpy.typing as npt
 import trio
 
 from . import __version__
-from .audio import encode_f32
+from .audio import SAMPLE_RATE, encode_f32
 from .counters import Counters
 from .errors import CodedError
 from .log import records as r
@@ -105,9 +105,15 @@ class SessionHandle:
         )
 
     async def append_bytes(
-        self, audio: bytes, format: str = "pcm16", *, client_event_id: str | None = None
+        self,
+        audio: bytes,
+        format: str = "pcm16",
+        *,
+        client_event_id: str | None = None,
+        sample_rate_hz: int = SAMPLE_RATE,
     ) -> None:
-        await self._send(r.Append(audio, format, client_event_id))
+        """Audio as received, in any input format and rate of spec §3 (the core resamples)."""
+        await self._send(r.Append(audio, format, client_event_id, sample_rate_hz))
 
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""

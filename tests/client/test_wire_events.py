@@ -16,9 +16,10 @@ from duplex_actors.protocol.realtime import RealtimeProjection
 from ..replay.test_wire import CAPS, SID, synthetic
 
 # Per variant, the classes it never sends.
+# response.speak goes only to ?duplex=1 connections (tests/protocol/test_duplex_compat.py).
 NOT_SENT: dict[str, set[type[Any]]] = {
-    "ga": set(),
-    "beta": {wire.RealtimeConversationItemDone},
+    "ga": {wire.RealtimeResponseSpeak},
+    "beta": {wire.RealtimeConversationItemDone, wire.RealtimeResponseSpeak},
     "native": {wire.NativeOutputTranscriptDelta},
     "native-binary": {wire.NativeOutputAudioDelta},
 }

@@ -247,19 +247,19 @@ def append(**fields: Any) -> wire.InputAudioBufferAppend:
 def test_input_format_precedence_append_then_session_then_pcm16(
     fields: dict[str, Any], session: dict[str, Any], expected: str
 ) -> None:
-    assert resolve_input_format(append(**fields), session) == expected
+    assert resolve_input_format(append(**fields), session)[0] == expected
 
 
 @pytest.mark.parametrize(
     ("fields", "session"),
     [
-        ({"format": "g711_ulaw"}, {}),
+        ({"format": "g711_ulaw", "sample_rate_hz": 16000}, {}),
         ({"format": "pcm24"}, {}),
-        ({"sample_rate_hz": 16000}, {}),
-        ({}, {"sample_rate_hz": 48000}),
-        ({}, {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}),
-        ({}, {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}),
-        ({"sample_rate_hz": 16000}, {"sample_rate_hz": 24000}),
+        ({"sample_rate_hz": 11025}, {}),
+        ({}, {"sample_rate_hz": 96000}),
+        ({}, {"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 24000}}}}),
+        ({}, {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 12000}}}}),
+        ({"sample_rate_hz": 44000}, {"sample_rate_hz": 24000}),
     ],
 )
 def test_unknown_formats_and_other_rates_are_unsupported(
@@ -272,7 +272,37 @@ def test_unknown_formats_and_other_rates_are_unsupported(
 
 def test_decode_append_gives_bytes_and_format() -> None:
     event = wire.InputAudioBufferAppend(base64.b64encode(b"\x00\x00\x80?").decode(), format="pcm_f32le")
-    assert decode_append(event, {}) == (b"\x00\x00\x80?", "pcm_f32le")
+    assert decode_append(event, {}) == (b"\x00\x00\x80?", "pcm_f32le", 24000)
+
+
+@pytest.mark.parametrize(
+    ("fields", "session", "expected"),
+    [
+        ({"format": "audio/pcmu"}, {}, ("g711_ulaw", 8000)),
+        (
+            {"format": "g711_alaw"},
+            {"input_audio_format": "pcm16", "sample_rate_hz": 48000},
+            ("g711_alaw", 8000),
+        ),
+        ({}, {"audio": {"input": {"format": {"type": "audio/pcma"}}}}, ("g711_alaw", 8000)),
+        ({}, {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 48000}}}}, ("pcm16", 48000)),
+        ({"sample_rate_hz": 16000}, {"input_audio_format": "pcm_f32le"}, ("pcm_f32le", 16000)),
+        ({"format": "pcm16"}, {"input_audio_format": "pcm16", "sample_rate_hz": 44100}, ("pcm16", 44100)),
+        ({}, {"sample_rate_hz": 22050}, ("pcm16", 22050)),
+    ],
+)
+def test_every_spec_rate_and_g711_resolve(
+    fields: dict[str, Any], session: dict[str, Any], expected: tuple[str, int]
+) -> None:
+    assert resolve_input_format(append(**fields), session) == expected
+
+
+def test_unsupported_format_message_names_the_supported_list() -> None:
+    with pytest.raises(ProtocolError) as info:
+        resolve_input_format(append(format="opus"), {})
+    assert info.value.code == "unsupported_audio_format"
+    for name in ("pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw", "48000", "22050"):
+        assert name in info.value.message
 
 
 # -- session config ------------------------------------------------------------------------------
@@ -317,14 +347,17 @@ def test_beta_fields_are_validated_and_kept() -> None:
         ({"audio": []}, "bad_event"),
         ({"audio": {"input": 3}}, "bad_event"),
         ({"audio": {"input": {"format": 3}}}, "bad_event"),
-        ({"input_audio_format": "g711_alaw"}, "unsupported_audio_format"),
+        ({"input_audio_format": "g711_alaw", "sample_rate_hz": 16000}, "unsupported_audio_format"),
         ({"input_audio_format": 7}, "unsupported_audio_format"),
-        ({"sample_rate_hz": 16000}, "unsupported_audio_format"),
+        ({"sample_rate_hz": 16001}, "unsupported_audio_format"),
         ({"sample_rate_hz": "24000"}, "bad_event"),
         ({"output_audio_format": "pcm_f32le"}, "unsupported_audio_format"),
-        ({"output_audio_format": "g711_ulaw"}, "unsupported_audio_format"),
-        ({"audio": {"output": {"format": {"type": "audio/pcmu"}}}}, "unsupported_audio_format"),
-        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}, "unsupported_audio_format"),
+        ({"output_audio_format": "opus"}, "unsupported_audio_format"),
+        (
+            {"audio": {"output": {"format": {"type": "audio/pcmu", "rate": 24000}}}},
+            "unsupported_audio_format",
+        ),
+        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8001}}}}, "unsupported_audio_format"),
         ({"voice": "NATF2.pt", "audio": {"output": {"voice": "NATM1.pt"}}}, "invalid_value"),
         ({"instructions": "x" * 300_000}, "bad_event"),
     ],

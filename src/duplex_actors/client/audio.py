@@ -1,9 +1,8 @@
-"""Audio helpers for the clients (numpy only, no torch, no model).
+"""Audio helpers for the clients (numpy and soxr, no torch, no model).
 
 - :func:`read_wav`: any RIFF/WAVE file a user is likely to have (8/16/24/32-bit PCM, 32/64-bit
   float, ``WAVE_FORMAT_EXTENSIBLE``, any rate, any channel count) as float32 ``(frames, channels)``.
-- :func:`to_model_input`: downmix to mono and resample to 24 kHz (a Kaiser-windowed sinc polyphase
-  resampler; exact for rational rate ratios, which every real rate pair is).
+- :func:`to_model_input`: downmix to mono and resample to 24 kHz (soxr, as the server does).
 - :func:`write_wav`: PCM16 mono WAV.
 - :func:`float_to_pcm16` / :func:`pcm16_to_float`, and :func:`speech_like`: deterministic
   synthetic speech-like audio (voiced harmonics with a moving pitch, syllable envelope, pauses and
@@ -18,7 +17,6 @@ The frame and rate constants and the PCM conversion are :mod:`duplex_actors.audi
 from __future__ import annotations
 
 import base64
-import math
 import struct
 import wave
 from pathlib import Path
@@ -27,8 +25,9 @@ from typing import Any, Final
 import attrs
 import numpy as np
 import numpy.typing as npt
+import soxr
 
-from ..audio import FRAME_SAMPLES, SAMPLE_RATE, canonical_format, float_to_pcm16
+from ..audio import FRAME_SAMPLES, QUALITY, SAMPLE_RATE, canonical_format, float_to_pcm16
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import InputAudioBufferAppend
 
@@ -115,40 +114,13 @@ def to_mono(samples: npt.NDArray[np.floating]) -> Float32Array:
     return x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0].copy()
 
 
-def _kernel_bank(up: int, down: int, zero_crossings: int) -> tuple[npt.NDArray[np.float64], int]:
-    """One FIR per output phase (``up`` of them), each ``2 * half`` taps long."""
-    cutoff = min(1.0, up / down) * 0.97  # fraction of the input Nyquist band kept
-    half = math.ceil(zero_crossings / cutoff)
-    taps = np.arange(2 * half)
-    phases = np.arange(up)[:, None] / up
-    d = phases + (half - 1) - taps[None, :]  # distance (input samples) from each tap to the output time
-    window = np.kaiser(2 * half + 1, 8.6)
-    w = np.interp(d, np.arange(-half, half + 1), window, left=0.0, right=0.0)
-    bank = cutoff * np.sinc(cutoff * d) * w
-    return bank / bank.sum(axis=1, keepdims=True), half
-
-
 def resample(samples: npt.NDArray[np.floating], src_rate: int, dst_rate: int = SAMPLE_RATE) -> Float32Array:
-    """Band-limited resampling of a mono signal from ``src_rate`` to ``dst_rate`` (numpy only)."""
+    """Band-limited resampling of a whole mono signal from ``src_rate`` to ``dst_rate`` (soxr, HQ:
+    the library the server resamples with); ``len(x) * dst_rate // src_rate`` samples out."""
     x = np.asarray(samples, dtype=np.float32)
     if src_rate == dst_rate or x.size == 0:
         return x.copy()
-    g = math.gcd(src_rate, dst_rate)
-    up, down = dst_rate // g, src_rate // g
-    bank, half = _kernel_bank(up, down, zero_crossings=16)
-    n_out = (x.size * up) // down
-    padded = np.concatenate(
-        [np.zeros(half, np.float64), x.astype(np.float64), np.zeros(half + 1, np.float64)]
-    )
-    out = np.empty(n_out, dtype=np.float32)
-    taps = np.arange(2 * half)
-    step = max(1, (1 << 20) // (2 * half))  # bound the gather matrix to ~1 M elements
-    for lo in range(0, n_out, step):
-        n = np.arange(lo, min(n_out, lo + step), dtype=np.int64)
-        base, phase = (n * down) // up, (n * down) % up
-        # padded[i + half] is x[i]; output n uses x[base - half + 1 + j] for j in taps.
-        window = padded[base[:, None] + 1 + taps[None, :]]
-        out[lo : lo + n.size] = np.einsum("ij,ij->i", window, bank[phase])
+    out: Float32Array = np.asarray(soxr.resample(x, src_rate, dst_rate, quality=QUALITY), dtype=np.float32)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..audio import FRAME_PCM16_BYTES
+from ..audio import FRAME_MS, SAMPLE_RATE, decode, float_to_pcm16
 from ..protocol import events as wire
 from ..protocol.codec import CONVERTER
 from ..protocol.events import Dialect
@@ -60,19 +60,24 @@ class ResponseCreated(ServerEvent):
 
 @attrs.frozen(kw_only=True)
 class AudioDelta(ServerEvent):
-    """Whole 80 ms frames of PCM16 LE mono 24 kHz; ``frame_index`` is the index of the input frame
-    whose step produced the first of them (output frame k answers input frame k). ``text``: the
-    frame's text where the dialect puts it on the delta (native), else ``""``."""
+    """Whole 80 ms frames of PCM16 LE mono at ``sample_rate_hz`` (24 kHz unless the session's
+    output is G.711: then ``pcm16`` is the 8 kHz audio decoded and ``audio`` the bytes as sent);
+    ``frame_index`` is the index of the input frame whose step produced the first of them
+    (output frame k answers input frame k). ``text``: the frame's text where the dialect puts it
+    on the delta (native), else ``""``."""
 
     response_id: str | None
     epoch: int
     frame_index: int
     pcm16: bytes = attrs.field(repr=False)
     text: str = ""
+    format: str = "pcm16"
+    sample_rate_hz: int = SAMPLE_RATE
+    audio: bytes = attrs.field(default=b"", repr=False)
 
     @property
     def frames(self) -> int:
-        return len(self.pcm16) // FRAME_PCM16_BYTES
+        return len(self.pcm16) // (2 * self.sample_rate_hz * FRAME_MS // 1000)
 
 
 @attrs.frozen(kw_only=True)
@@ -152,13 +157,18 @@ def _view(event: Any, common: dict[str, Any]) -> ServerEvent:
     match event:
         case wire.RealtimeOutputAudioDelta():
             meta = event.metadata
-            pcm = base64.b64decode(event.delta)
+            data = base64.b64decode(event.delta)
+            fmt = event.format or "pcm16"
+            pcm = data if fmt == "pcm16" else float_to_pcm16(decode(data, fmt))
             return AudioDelta(
                 **common,
                 response_id=event.response_id,
                 epoch=meta.epoch,
                 frame_index=meta.frame_index,
                 pcm16=pcm,
+                format=fmt,
+                sample_rate_hz=event.sample_rate_hz,
+                audio=data,
             )
         case wire.NativeOutputAudioDelta():
             return AudioDelta(

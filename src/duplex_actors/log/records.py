@@ -14,7 +14,9 @@ from typing import Any, ClassVar, Final
 
 import attrs
 
-FORMAT_VERSION: Final = 1
+# 2: ``append`` records carry ``sample_rate_hz`` and any input format (G.711 too); a version 1
+# log has neither, and its appends read as 24 kHz, so it replays as it always did.
+FORMAT_VERSION: Final = 2
 _JSON_LEN = struct.Struct("<I")
 
 
@@ -50,13 +52,15 @@ class Update:
 
 @attrs.frozen(slots=True)
 class Append:
-    """Input audio exactly as received: ``format`` is ``pcm16`` or ``pcm_f32le`` (mono, 24 kHz)."""
+    """Input audio exactly as received: ``format`` is a canonical format name of
+    :data:`duplex_actors.audio.FORMATS` (mono) at ``sample_rate_hz`` (absent before version 2)."""
 
     KIND: ClassVar[int] = 4
     BLOB: ClassVar[str] = "audio"
     audio: bytes
     format: str = "pcm16"
     client_event_id: str | None = None
+    sample_rate_hz: int = 24_000
 
 
 @attrs.frozen(slots=True)

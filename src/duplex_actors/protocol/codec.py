@@ -23,7 +23,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from ..audio import SAMPLE_RATE, AudioError, canonical_format
+from ..audio import ALIASES, AudioError, canonical_format, canonical_output_format, check_rate, default_rate
 from . import errors as codes
 from . import events as wire
 from .errors import ProtocolError, clip
@@ -383,17 +383,30 @@ def _format_name(name: Any, *, param: str, ctx: dict[str, Any]) -> str:
         raise ProtocolError(codes.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param, **ctx) from None
 
 
-def _check_rate(rate: Any, *, param: str, ctx: dict[str, Any]) -> int:
+def _check_rate(rate: Any, *, param: str, ctx: dict[str, Any], fmt: str | None = None) -> int:
+    """An integer rate that ``fmt`` takes (without ``fmt``: one any input format takes)."""
     if isinstance(rate, bool) or not isinstance(rate, int):
         raise ProtocolError(codes.BAD_EVENT, f"{param} must be an integer", param=param, **ctx)
-    if rate != SAMPLE_RATE:
+    try:
+        if fmt is not None:
+            return check_rate(fmt, rate)
+        try:
+            return check_rate("pcm16", rate)
+        except AudioError:
+            return check_rate("g711_ulaw", rate)
+    except AudioError as exc:
+        raise ProtocolError(codes.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param, **ctx) from None
+
+
+def _output_format(name: Any, *, param: str, ctx: dict[str, Any]) -> str:
+    if not isinstance(name, str):
         raise ProtocolError(
-            codes.UNSUPPORTED_AUDIO_FORMAT,
-            f"unsupported sample rate {rate} Hz; audio must be mono {SAMPLE_RATE} Hz",
-            param=param,
-            **ctx,
+            codes.UNSUPPORTED_AUDIO_FORMAT, f"{param} must be a format name", param=param, **ctx
         )
-    return rate
+    try:
+        return canonical_output_format(name)
+    except AudioError as exc:
+        raise ProtocolError(codes.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param, **ctx) from None
 
 
 def _ga_format(value: Any, *, param: str, ctx: dict[str, Any]) -> tuple[str, int | None]:
@@ -433,10 +446,17 @@ def _session_input_format(config: Mapping[str, Any]) -> tuple[Any, Any]:
     return fmt, rate
 
 
-def resolve_input_format(append: InputAudioBufferAppend, session_config: Mapping[str, Any]) -> str:
-    """The canonical input format (``pcm16`` or ``pcm_f32le``) of one append: the append's own
+def _same_format(a: Any, b: Any) -> bool:
+    return isinstance(a, str) and isinstance(b, str) and ALIASES.get(a, a) == ALIASES.get(b, b)
+
+
+def resolve_input_format(
+    append: InputAudioBufferAppend, session_config: Mapping[str, Any]
+) -> tuple[str, int]:
+    """(canonical format, rate) of one append: the append's own
     ``format``/``input_audio_format``/``sample_rate_hz`` first, then the session's, then
-    ``pcm16`` @ 24000. Anything but those two formats at 24 kHz -> ``unsupported_audio_format``."""
+    ``pcm16`` @ 24000 (G.711: 8000). A format or rate outside spec §3 ->
+    ``unsupported_audio_format``."""
     ctx: dict[str, Any] = {"event_type": append.TYPE, "client_event_id": append.event_id}
     fmt: Any = append.format if append.format is not None else append.input_audio_format
     rate: Any = append.sample_rate_hz
@@ -445,19 +465,24 @@ def resolve_input_format(append: InputAudioBufferAppend, session_config: Mapping
         session_fmt, session_rate = _session_input_format(session_config)
         if fmt is None:
             fmt, fmt_param = session_fmt, "session.input_audio_format"
-        if rate is None:
+        # The session's rate goes with the session's format: an append naming another format
+        # alone gets that format's default rate.
+        if rate is None and (fmt_param != "format" or _same_format(fmt, session_fmt)):
             rate, rate_param = session_rate, "session.sample_rate_hz"
     name = _format_name(fmt if fmt is not None else DEFAULT_INPUT_FORMAT, param=fmt_param, ctx=ctx)
-    if rate is not None:
-        _check_rate(rate, param=rate_param, ctx=ctx)
-    return name
+    if rate is None:
+        return name, default_rate(name)
+    return name, _check_rate(rate, param=rate_param, ctx=ctx, fmt=name)
 
 
-def decode_append(append: InputAudioBufferAppend, session_config: Mapping[str, Any]) -> tuple[bytes, str]:
-    """``(audio bytes, canonical format)`` of an append, ready for ``SessionHandle.append_bytes``
-    (which checks the byte length and the samples' finiteness)."""
-    fmt = resolve_input_format(append, session_config)
-    return decode_audio_b64(append.audio, client_event_id=append.event_id, event_type=append.TYPE), fmt
+def decode_append(
+    append: InputAudioBufferAppend, session_config: Mapping[str, Any]
+) -> tuple[bytes, str, int]:
+    """``(audio bytes, canonical format, rate)`` of an append, ready for
+    ``SessionHandle.append_bytes`` (the core checks the byte length and the samples' finiteness)."""
+    fmt, rate = resolve_input_format(append, session_config)
+    audio = decode_audio_b64(append.audio, client_event_id=append.event_id, event_type=append.TYPE)
+    return audio, fmt, rate
 
 
 # -- session config ----------------------------------------------------------------------------
@@ -494,14 +519,7 @@ def normalize_session_config(
         if rate is not None:
             out.setdefault("sample_rate_hz", rate)
     if audio_out.get("format") is not None:
-        name, _ = _ga_format(audio_out["format"], param="session.audio.output.format", ctx=ctx)
-        if name != "pcm16":
-            raise ProtocolError(
-                codes.UNSUPPORTED_AUDIO_FORMAT,
-                "output audio is pcm16 (audio/pcm) at 24000 Hz",
-                param="session.audio.output.format",
-                **ctx,
-            )
+        out.setdefault("output_audio_format", _ga_output_format(audio_out["format"], ctx=ctx))
     ga_voice = audio_out.get("voice")
     if ga_voice is not None:
         if "voice" in out and out["voice"] != ga_voice:
@@ -519,12 +537,30 @@ def normalize_session_config(
     if out.get("sample_rate_hz") is not None:
         _check_rate(out["sample_rate_hz"], param="session.sample_rate_hz", ctx=ctx)
     if out.get("output_audio_format") is not None:
-        name = _format_name(out["output_audio_format"], param="session.output_audio_format", ctx=ctx)
-        if name != "pcm16":
-            raise ProtocolError(
-                codes.UNSUPPORTED_AUDIO_FORMAT,
-                "output_audio_format must be pcm16 (24000 Hz)",
-                param="session.output_audio_format",
-                **ctx,
-            )
+        out["output_audio_format"] = _output_format(
+            out["output_audio_format"], param="session.output_audio_format", ctx=ctx
+        )
+    if out.get("input_audio_format") is not None and out.get("sample_rate_hz") is not None:
+        _check_rate(
+            out["sample_rate_hz"], param="session.sample_rate_hz", ctx=ctx, fmt=out["input_audio_format"]
+        )
     return out
+
+
+def _ga_output_format(value: Any, *, ctx: dict[str, Any]) -> str:
+    """GA ``audio.output.format``: ``{type, rate}`` or a bare name; the rate must be the format's."""
+    param = "session.audio.output.format"
+    if isinstance(value, str):
+        return _output_format(value, param=param, ctx=ctx)
+    if not isinstance(value, dict):
+        raise ProtocolError(codes.BAD_EVENT, f"{param} must be an object", param=param, **ctx)
+    name = _output_format(value.get("type", "audio/pcm"), param=f"{param}.type", ctx=ctx)
+    rate = value.get("rate")
+    if rate is not None and rate != default_rate(name):
+        raise ProtocolError(
+            codes.UNSUPPORTED_AUDIO_FORMAT,
+            f"output {name} is sent at {default_rate(name)} Hz, not {rate!r}",
+            param=f"{param}.rate",
+            **ctx,
+        )
+    return name

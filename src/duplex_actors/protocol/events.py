@@ -354,7 +354,9 @@ class RealtimeResponseSpeak:
 
 @attrs.frozen(slots=True)
 class RealtimeOutputAudioDelta:
-    """``delta``: base64 PCM16 LE mono 24 kHz, whole 80 ms frames."""
+    """``delta``: base64 mono audio in the session's output format, whole 80 ms frames:
+    ``pcm16`` (LE) at 24000 Hz, or ``g711_ulaw``/``g711_alaw`` at 8000 Hz; ``format`` is sent
+    for G.711 only (absent: pcm16), so pcm16 deltas are what they always were."""
 
     TYPE: ClassVar[str] = "response.output_audio.delta"
     BETA_TYPE: ClassVar[str | None] = "response.audio.delta"
@@ -364,8 +366,9 @@ class RealtimeOutputAudioDelta:
     output_index: int
     content_index: int
     delta: str
-    sample_rate_hz: Literal[24000]
+    sample_rate_hz: int
     metadata: AudioMetadata
+    format: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
     server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 

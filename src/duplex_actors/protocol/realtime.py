@@ -43,7 +43,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ..audio import FRAME_MS, SAMPLE_RATE
+from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS
 from . import events as wire
@@ -85,6 +85,13 @@ def refusal_error(
     return encode_server_event(event)
 
 
+def output_stream(config: Mapping[str, Any], current: OutputStream) -> OutputStream:
+    """The session's output converter: ``current`` while the format stays, else a fresh one
+    (the config was validated by the codec)."""
+    fmt = canonical_output_format(str(config.get("output_audio_format") or "pcm16"))
+    return current if fmt == current.format else OutputStream(fmt)
+
+
 class RealtimeProjection:
     """Session events in, Realtime server events (dicts) out; pure and deterministic.
 
@@ -124,6 +131,7 @@ class RealtimeProjection:
         self._pending: list[ev.AudioFrame] = []
         self._server_event_seq = 0  # duplex: the last server_event_seq sent
         self._spoken: str | None = None  # duplex: the response whose response.speak was sent
+        self._output = OutputStream()  # the session's output_audio_format (G.711: resampled, stateful)
 
     @property
     def events_sent(self) -> int:
@@ -210,8 +218,10 @@ class RealtimeProjection:
                 if len(self._pending) >= self.output_chunk_frames:
                     self._flush(out)
             case ev.SessionCreated():
+                self._output = output_stream(event.config, self._output)
                 self._emit(out, wire.RealtimeSessionCreated(self._id(), self.session_object(event.config)))
             case ev.SessionUpdated():
+                self._output = output_stream(event.config, self._output)
                 self._emit(out, wire.RealtimeSessionUpdated(self._id(), self.session_object(event.config)))
             case ev.ResponseStarted():
                 self._started(event, out)
@@ -280,9 +290,10 @@ class RealtimeProjection:
                 item_id,
                 0,
                 0,
-                delta=base64.b64encode(pcm).decode("ascii"),
-                sample_rate_hz=SAMPLE_RATE,
+                delta=base64.b64encode(self._output.encode(pcm)).decode("ascii"),
+                sample_rate_hz=self._output.rate,
                 metadata=metadata,
+                format=self._output.format,
             ),
         )
         text = "".join(f.text for f in frames)

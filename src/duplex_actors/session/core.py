@@ -32,13 +32,17 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..audio import FRAME_SAMPLES, SAMPLE_RATE, AudioError, decode
+from ..audio import FORMATS, FRAME_SAMPLES, SAMPLE_RATE, AudioError, InputStream
 from ..errors import CodedError, code_of
 from ..log import records as r
 from . import events as ev
 
 SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
 SAMPLING_KEYS = ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
+
+
+def _width(fmt: str) -> int:
+    return FORMATS.get(fmt, 1)
 
 
 class PromptPolicy(Protocol):
@@ -141,6 +145,9 @@ class SessionCore:
         self.frames_out = 0  # output frames emitted
         self._header_seen = False
         self._tail: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        # Input at the client's format and rate -> 24 kHz; its state is rebuilt on replay by the
+        # same appends in the same order.
+        self._input = InputStream()
         self._response: tuple[str, str] | None = None  # (response_id, item_id) of this epoch
         self._response_frames = 0
         self._transcript: list[str] = []
@@ -201,6 +208,7 @@ class SessionCore:
                 self._append(record, out)
             case r.ClearInput():
                 self._tail = np.zeros(0, dtype=np.float32)
+                self._input.reset()
                 self._emit(out, ev.InputCleared(record.client_event_id))
             case r.ClearOutput():
                 if self._response is None:
@@ -316,17 +324,14 @@ class SessionCore:
         # After the lock only sampling can change: it applies from the next epoch's reset.
 
     def _append(self, record: r.Append, out: list[Effect]) -> None:
-        try:
-            samples = decode(record.audio, record.format)
-        except AudioError as exc:
-            self._error(out, exc.code, str(exc), record.client_event_id)
-            return
-        if len(samples) == 0:
+        if len(record.audio) == 0:
             self._error(
                 out, "bad_event", "input_audio_buffer.append carries no audio", record.client_event_id
             )
             return
-        if self.buffered_samples + len(samples) > self.limits.max_buffered_samples:
+        # Bounded before resampling, in 24 kHz samples (one byte of G.711 at 8 kHz is 3 of them).
+        incoming = len(record.audio) * SAMPLE_RATE // (max(record.sample_rate_hz, 1) * _width(record.format))
+        if self.buffered_samples + incoming > self.limits.max_buffered_samples:
             self._error(
                 out,
                 "input_backpressure",
@@ -334,6 +339,11 @@ class SessionCore:
                 "stepped; send audio in real time",
                 record.client_event_id,
             )
+            return
+        try:
+            samples = self._input.feed(record.audio, record.format, record.sample_rate_hz)
+        except AudioError as exc:
+            self._error(out, exc.code, str(exc), record.client_event_id)
             return
         buf = np.concatenate([self._tail, samples]) if len(self._tail) else samples
         whole = len(buf) // FRAME_SAMPLES

@@ -104,8 +104,8 @@ def _command(event: Any, config: Mapping[str, Any]) -> Command:
     """The session call for one parsed client event (both dialects share the commands)."""
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
-        audio, fmt = codec.decode_append(event, config)
-        return lambda s: s.append_bytes(audio, fmt, client_event_id=eid)
+        audio, fmt, rate = codec.decode_append(event, config)
+        return lambda s: s.append_bytes(audio, fmt, client_event_id=eid, sample_rate_hz=rate)
     if isinstance(event, pe.SessionUpdate):
         cfg = codec.normalize_session_config(event.session, client_event_id=eid)
         return lambda s: s.update(cfg, client_event_id=eid)
@@ -258,8 +258,8 @@ class NativeDialect:
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
             audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
-            fmt = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
-            return lambda s: s.append_bytes(audio, fmt)
+            fmt, rate = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
+            return lambda s: s.append_bytes(audio, fmt, sample_rate_hz=rate)
         return _command(
             codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes), config
         )
