@@ -171,4 +171,6 @@ def test_realtime_projection_sends_g711_deltas_when_the_session_asks() -> None:
     pcm_proj = RealtimeProjection(SID, "tiny-parrot", {})
     pcm_proj.project(ev.SessionCreated(SID, {}))
     (d,) = pcm_proj.project(ev.AudioFrame("resp_1", "item_1", 0, 0, pcm[:3840], ""))
-    assert d["format"] == "pcm16" and d["sample_rate_hz"] == 24000 and base64.b64decode(d["delta"]) == pcm[:3840]
+    assert (
+        d["format"] == "pcm16" and d["sample_rate_hz"] == 24000 and base64.b64decode(d["delta"]) == pcm[:3840]
+    )

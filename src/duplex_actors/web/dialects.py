@@ -230,6 +230,19 @@ class RealtimeDialect:
         return Opening(pending=data)
 
 
+def _pcm16_output_only(cfg: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
+    """The native dialect sends raw pcm16 at 24 kHz (binary or base64); G.711 output is a
+    Realtime option, so asking for it here is refused rather than silently ignored."""
+    fmt = cfg.get("output_audio_format")
+    if fmt is not None and fmt != "pcm16":
+        raise ProtocolError(
+            errors.UNSUPPORTED_AUDIO_FORMAT,
+            f"/v1/duplex sends pcm16 at 24000 Hz only; {fmt} output is offered on /v1/realtime",
+            param="session.output_audio_format",
+            client_event_id=client_event_id,
+        )
+
+
 class NativeDialect:
     """``/v1/duplex``: flat events, binary audio both ways (``binary_output``)."""
 
@@ -260,9 +273,10 @@ class NativeDialect:
             audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
             fmt, rate = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
             return lambda s: s.append_bytes(audio, fmt, sample_rate_hz=rate)
-        return _command(
-            codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes), config
-        )
+        event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
+        if isinstance(event, pe.SessionUpdate):
+            _pcm16_output_only(codec.normalize_session_config(event.session, client_event_id=event.event_id))
+        return _command(event, config)
 
     def first_message(self, data: WireMessage) -> Opening:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
@@ -280,4 +294,5 @@ class NativeDialect:
         cfg = codec.normalize_session_config(
             event.session, client_event_id=event.event_id, event_type=event.TYPE
         )
+        _pcm16_output_only(cfg, client_event_id=event.event_id)
         return Opening(cfg, None, event.event_id)
