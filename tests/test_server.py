@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -17,10 +19,13 @@ from duplex_actors.model.checkpoint import checkpoint_from_dir
 from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine
 from duplex_actors.replay.replayer import replay_logic, replay_model
+from duplex_actors.scheduler.clock import Executor
 from duplex_actors.server import LogUnavailable, ResourceExhausted, open_duplex_server
 from duplex_actors.session import events as ev
 
 from .model.helpers import session_audio
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +207,20 @@ async def test_a_failed_fsync_ends_the_session_and_stops_admissions(
     assert server.scheduler.table.in_use == 0
 
 
+class GatedStep:
+    """An executor that holds its first call until ``release`` is set (then runs as ``inner``)."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.entered, self.release = trio.Event(), trio.Event()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        if not self.entered.is_set():
+            self.entered.set()
+            await self.release.wait()
+        return await self.inner.run(fn)
+
+
 async def test_a_result_of_an_ended_epoch_is_dropped_and_replays(
     parrot_engine, replay_engine, tmp_path, autojump_clock
 ):
@@ -213,11 +232,15 @@ async def test_a_result_of_an_ended_epoch_is_dropped_and_replays(
         server._nursery.start_soon(collect, s, events)
         await s.append(session_audio(5, 1)[0])
         await trio.sleep(0.3)
+        # Hold the next step between its capture (epoch 0) and its run, and cancel meanwhile:
+        # deterministic, whatever order trio runs the ready tasks in.
+        gate = GatedStep(server.scheduler.executor)
+        server.scheduler.executor = gate
         await s.append(session_audio(6, 1)[0])
-        # Two checkpoints: the scheduler has captured the step (epoch 0) when the cancel lands.
-        await trio.lowlevel.checkpoint()
-        await trio.lowlevel.checkpoint()
+        await gate.entered.wait()
         await s.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        gate.release.set()
         await trio.sleep(0.3)
         await s.close()
     path = tmp_path / f"{s.session_id}.dlog"

@@ -96,8 +96,8 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
         "bad_audio",
     ),
     (
-        "16 kHz",
-        {"type": "input_audio_buffer.append", "audio": b64(b"\x00\x00" * 320), "sample_rate_hz": 16000},
+        "11.025 kHz (not a supported rate)",
+        {"type": "input_audio_buffer.append", "audio": b64(b"\x00\x00" * 320), "sample_rate_hz": 11025},
         "unsupported_audio_format",
     ),
     (
@@ -106,8 +106,13 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
         "unsupported_audio_format",
     ),
     (
-        "g711",
-        {"type": "input_audio_buffer.append", "audio": b64(b"\x00" * 320), "format": "g711_ulaw"},
+        "g711 at 16 kHz (G.711 is 8 kHz only)",
+        {
+            "type": "input_audio_buffer.append",
+            "audio": b64(b"\x00" * 320),
+            "format": "g711_ulaw",
+            "sample_rate_hz": 16000,
+        },
         "unsupported_audio_format",
     ),
     ("empty audio", {"type": "input_audio_buffer.append", "audio": ""}, "bad_event"),
@@ -117,13 +122,16 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("commit", {"type": "input_audio_buffer.commit"}, "commit_unsupported"),
     ("response.create", {"type": "response.create"}, "response_create_unsupported"),
     (
-        "session 16 kHz",
-        {"type": "session.update", "session": {"input_audio_format": "pcm16", "sample_rate_hz": 16000}},
+        "session 12 kHz",
+        {"type": "session.update", "session": {"input_audio_format": "pcm16", "sample_rate_hz": 12000}},
         "unsupported_audio_format",
     ),
     (
         "session GA format",
-        {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}},
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 24000}}}},
+        },
         "unsupported_audio_format",
     ),
     ("session not an object", {"type": "session.update", "session": []}, "bad_event"),

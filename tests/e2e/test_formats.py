@@ -162,7 +162,7 @@ async def test_browser_48k_pcm16_in_10ms_chunks_with_the_stock_sdk(parrot_server
     report = await run_sdk(parrot_server.port, session, pcm48, 960, sent - 1)
     deltas = report["deltas"]
     assert len(deltas) == sent - 1
-    assert all(d["sample_rate_hz"] == 24000 and "format" not in d for d in deltas)
+    assert all(d["sample_rate_hz"] == 24000 and d["format"] == "pcm16" for d in deltas)
     assert all(len(base64.b64decode(d["delta"])) == 3840 for d in deltas)
     await check_log(parrot_server, report["session_id"], sent - 1)
     records = await read_records(parrot_server, report["session_id"])
