@@ -250,8 +250,8 @@ def parse_input_format(spec: str) -> WireFormat:
     """``pcm16`` (= pcm16@24000), ``pcm16@48000``, ``pcm_f32le@16000``, ``pcmu``/``g711_ulaw``,
     ``pcma``/``g711_alaw`` (@8000), or any alias the server takes (``audio/pcm``...); raises
     AudioError (unsupported_audio_format, naming what is supported) otherwise."""
-    name, rate = _split(spec)
     try:
+        name, rate = _split(spec)
         fmt = canonical_format(name)
         return WireFormat(fmt, check_rate(fmt, default_rate(fmt) if rate is None else rate))
     except AudioError as exc:
@@ -262,11 +262,11 @@ def parse_input_format(spec: str) -> WireFormat:
 
 def parse_output_format(spec: str) -> WireFormat:
     """``pcm16`` (@24000) or G.711 (``pcmu``/``g711_ulaw``, ``pcma``/``g711_alaw``, @8000)."""
-    name, rate = _split(spec)
     try:
+        name, rate = _split(spec)
         fmt = canonical_output_format(name)
     except AudioError:
-        fmt = ""
+        fmt, rate = "", None
     if not fmt or (rate is not None and rate != OUTPUT_FORMATS[fmt]):
         raise AudioError(
             "unsupported_audio_format", f"unsupported output format {spec!r}; supported: {OUTPUT_FORMAT_HELP}"
