@@ -23,6 +23,11 @@ and N holds if any attempt held; every attempt is in the report. Writes ``load.j
 histogram + per-session timeline; for a ramp, of the largest N that held, plus ``ramp.png``)
 into ``--out``, and prints a summary table.
 
+``--input-format`` / ``--output-format`` (as ``duplex-client``'s: pcm16[@RATE], pcm_f32le[@RATE],
+pcmu, pcma) choose what the sessions send and get back; a frame is 80 ms whatever its byte size,
+and at a resampled input rate the round trips and coverage account for the server's resampler
+delay (see :mod:`duplex_actors.client.stats`).
+
 The generator shares the machine with the server, so its per-frame work is kept tiny: the audio
 is base64-encoded once for all sessions and each arrival is only time-stamped and appended.
 
