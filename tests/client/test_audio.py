@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import struct
 import wave
 from pathlib import Path
@@ -10,15 +12,20 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from duplex_actors.audio import FRAME_SAMPLES, float_to_pcm16
+from duplex_actors.audio import FRAME_SAMPLES, AudioError, decode, encode_g711, float_to_pcm16
 from duplex_actors.client.audio import (
     WavError,
+    WireFormat,
+    encode_audio,
     pad_to_frames,
+    parse_input_format,
+    parse_output_format,
     pcm16_to_float,
     read_wav,
     resample,
     speech_like,
     to_model_input,
+    to_wire_bytes,
     write_wav,
 )
 
@@ -135,3 +142,40 @@ def test_speech_like_is_deterministic_and_audible() -> None:
     assert a.dtype == np.float32 and a.size == 24_000
     np.testing.assert_array_equal(a, b)
     assert 0.02 < float(np.sqrt(np.mean(a**2))) < 0.5
+
+
+def test_format_specs() -> None:
+    assert parse_input_format("pcm16") == WireFormat("pcm16", 24_000)
+    assert parse_input_format("pcm16@48000") == WireFormat("pcm16", 48_000)
+    assert parse_input_format("pcm_f32le@16000").frame_bytes == 1280 * 4
+    assert parse_input_format("pcmu") == parse_input_format("g711_ulaw@8000") == WireFormat("g711_ulaw", 8000)
+    assert parse_input_format("pcma").frame_bytes == 640
+    assert parse_input_format("pcm16@8000").frame_bytes == 1280
+    assert parse_output_format("pcmu") == WireFormat("g711_ulaw", 8000)
+    assert parse_output_format("pcm16@24000") == WireFormat("pcm16", 24_000)
+    for bad in ("pcmu@16000", "pcm16@11025", "opus", "pcm16@fast"):
+        with pytest.raises(AudioError, match="supported: pcm16"):
+            parse_input_format(bad)
+    for bad in ("pcm_f32le", "pcm16@48000", "pcma@16000"):
+        with pytest.raises(AudioError, match="supported: pcm16"):
+            parse_output_format(bad)
+
+
+def test_g711_encoding_and_ready_frames() -> None:
+    x = speech_like(1.0, rate=8000, seed=1)
+    enc = encode_audio(x, "pcmu")
+    assert enc.sample_rate_hz == 8000 and enc.frames == 13 and enc.frame_samples == 640
+    assert enc.seconds == 1.0
+    data = b"".join(base64.b64decode(json.loads(m)["audio"]) for m in enc.messages)
+    assert len(data) == 8000 and data == to_wire_bytes(x, "g711_ulaw")
+    # the codes decode back to the samples within G.711's quantisation error
+    back = decode(data, "g711_ulaw")
+    assert np.max(np.abs(back - x)) < 0.02
+    assert to_wire_bytes(np.array([0, 1000, -1000], np.int16), "pcma") == encode_g711(
+        np.array([0, 1000, -1000], "<i2").tobytes(), "g711_alaw"
+    )
+    # the server's resampler delay: frame k is complete only after message k + 1
+    assert enc.ready_frames is not None and enc.ready_frames[:3] == (0, 1, 2)
+    assert enc.expected_frames == 12
+    at24 = encode_audio(speech_like(1.04, seed=1), "pcm16")
+    assert at24.ready_frames == tuple(range(1, 14)) and at24.expected_frames == 13

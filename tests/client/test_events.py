@@ -167,6 +167,19 @@ def test_client_messages_parse_on_the_server() -> None:
         "voice": "NATM1.pt",
         "instructions": "Be brief.",
     }
+    # the formats the server reads for each append (codec.resolve_input_format)
+    for spec, output, fmt, rate, out in (
+        ("pcm16@48000", None, "pcm16", 48000, None),
+        ("pcmu", "pcmu", "g711_ulaw", 8000, "g711_ulaw"),
+        ("pcm_f32le@16000", "pcma", "pcm_f32le", 16000, "g711_alaw"),
+    ):
+        config = codec.normalize_session_config(
+            create_duplex_session_config(input_format=spec, output_format=output)
+        )
+        assert config.get("output_audio_format") == out
+        append = codec.parse_client_text(append_message(b"\x00\x00\x00\x00"), dialect="realtime")
+        assert isinstance(append, InputAudioBufferAppend)
+        assert codec.resolve_input_format(append, config) == (fmt, rate)
 
 
 def test_to_wire_bytes_formats() -> None:

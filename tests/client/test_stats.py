@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from duplex_actors.client.stats import Delta, continuity, prometheus_value, session_stats, underruns
+from duplex_actors.client.stats import (
+    Delta,
+    continuity,
+    frame_send_times,
+    prometheus_value,
+    session_stats,
+    underruns,
+)
 
 
 def _trace(n: int, rtt: float = 0.03) -> tuple[list[float], list[Delta]]:
@@ -59,3 +66,21 @@ def test_prometheus_value() -> None:
     assert prometheus_value(text, "duplex_deadline_misses_total") == 7
     assert prometheus_value(text, "duplex_frames_dropped_total") == 5
     assert prometheus_value(text, "nope") is None
+
+
+def test_resampled_input_measures_from_the_message_that_completed_the_frame() -> None:
+    """At a non-24 kHz rate frame k completes with message k + 1 and the last message's frame
+    never does: round trips start at the completing message, coverage counts what can come back."""
+    sends = [10.0 + 0.08 * k for k in range(10)]
+    ready = [0, *range(1, 10)]  # after message i: i whole frames (i >= 1)
+    deltas = [Delta(sends[k + 1] + 0.01, 0, k, 1) for k in range(9)]
+    s = session_stats(sends, deltas, ready_frames=ready)
+    assert s["frames_sent"] == 10 and s["frames_expected"] == 9 and s["frames_received"] == 9
+    assert s["coverage"] == 1.0 and s["lost_frames"] == 0
+    assert abs(s["round_trip_ms"]["max"] - 10) < 1e-6
+    assert frame_send_times(sends, ready) == sends[1:]
+    assert frame_send_times(sends[:3], ready) == sends[1:3]  # an interrupted stream
+    assert frame_send_times(sends) == sends
+    # without ready_frames the same trace reads as a frame late and one short
+    plain = session_stats(sends, deltas)
+    assert plain["coverage"] == 0.9 and plain["round_trip_ms"]["p50"] > 80

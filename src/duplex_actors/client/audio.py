@@ -7,9 +7,11 @@
 - :func:`float_to_pcm16` / :func:`pcm16_to_float`, and :func:`speech_like`: deterministic
   synthetic speech-like audio (voiced harmonics with a moving pitch, syllable envelope, pauses and
   a little breath noise) for load tests and examples.
+- :func:`parse_input_format` / :func:`parse_output_format`: ``pcm16@48000``, ``pcmu``, ... as a
+  :class:`WireFormat` (canonical name and rate, checked against what the server takes).
 - :func:`to_wire_bytes`, :func:`append_message` and :func:`encode_audio`: audio as the bytes of a
-  session input format and as ready ``input_audio_buffer.append`` messages (built with the
-  protocol's own encoder).
+  session input format (pcm16, pcm_f32le or G.711) and as ready ``input_audio_buffer.append``
+  messages (built with the protocol's own encoder).
 
 The frame and rate constants and the PCM conversion are :mod:`duplex_actors.audio`'s.
 """
@@ -27,7 +29,24 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from ..audio import FRAME_SAMPLES, QUALITY, SAMPLE_RATE, canonical_format, float_to_pcm16
+from ..audio import (
+    FORMATS,
+    FRAME_MS,
+    FRAME_SAMPLES,
+    G711_RATE,
+    INPUT_RATES,
+    OUTPUT_FORMATS,
+    QUALITY,
+    SAMPLE_RATE,
+    AudioError,
+    InputStream,
+    canonical_format,
+    canonical_output_format,
+    check_rate,
+    default_rate,
+    encode_g711,
+    float_to_pcm16,
+)
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import InputAudioBufferAppend
 
@@ -183,9 +202,82 @@ def append_message(audio: bytes) -> str:
     return _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
 
 
+# -- formats ------------------------------------------------------------------------------------
+INPUT_FORMAT_HELP: Final = (
+    f"pcm16[@RATE] or pcm_f32le[@RATE] with RATE one of {', '.join(map(str, INPUT_RATES))} "
+    f"(default {SAMPLE_RATE}); pcmu/g711_ulaw or pcma/g711_alaw (@{G711_RATE} only)"
+)
+OUTPUT_FORMAT_HELP: Final = f"pcm16 (@{SAMPLE_RATE}) or pcmu/g711_ulaw, pcma/g711_alaw (@{G711_RATE})"
+
+
+@attrs.frozen
+class WireFormat:
+    """A session audio format: canonical name (``pcm16``, ``pcm_f32le``, ``g711_ulaw``,
+    ``g711_alaw``) and sample rate."""
+
+    name: str
+    rate: int
+
+    @property
+    def width(self) -> int:
+        """Bytes per sample."""
+        return FORMATS[self.name]
+
+    @property
+    def frame_samples(self) -> int:
+        """Samples in one 80 ms frame at this rate (1920 at 24 kHz, 640 at 8 kHz)."""
+        return self.rate * FRAME_MS // 1000
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.frame_samples * self.width
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.rate}"
+
+
+def _split(spec: str) -> tuple[str, int | None]:
+    name, sep, rate = spec.strip().partition("@")
+    if not sep:
+        return name, None
+    try:
+        return name, int(rate)
+    except ValueError:
+        raise AudioError("unsupported_audio_format", f"bad sample rate {rate!r} in {spec!r}") from None
+
+
+def parse_input_format(spec: str) -> WireFormat:
+    """``pcm16`` (= pcm16@24000), ``pcm16@48000``, ``pcm_f32le@16000``, ``pcmu``/``g711_ulaw``,
+    ``pcma``/``g711_alaw`` (@8000), or any alias the server takes (``audio/pcm``...); raises
+    AudioError (unsupported_audio_format, naming what is supported) otherwise."""
+    try:
+        name, rate = _split(spec)
+        fmt = canonical_format(name)
+        return WireFormat(fmt, check_rate(fmt, default_rate(fmt) if rate is None else rate))
+    except AudioError as exc:
+        raise AudioError(
+            exc.code, f"unsupported input format {spec!r}; supported: {INPUT_FORMAT_HELP}"
+        ) from None
+
+
+def parse_output_format(spec: str) -> WireFormat:
+    """``pcm16`` (@24000) or G.711 (``pcmu``/``g711_ulaw``, ``pcma``/``g711_alaw``, @8000)."""
+    try:
+        name, rate = _split(spec)
+        fmt = canonical_output_format(name)
+    except AudioError:
+        fmt, rate = "", None
+    if not fmt or (rate is not None and rate != OUTPUT_FORMATS[fmt]):
+        raise AudioError(
+            "unsupported_audio_format", f"unsupported output format {spec!r}; supported: {OUTPUT_FORMAT_HELP}"
+        )
+    return WireFormat(fmt, OUTPUT_FORMATS[fmt])
+
+
 def to_wire_bytes(samples: AudioInput, input_format: str = "pcm16") -> bytes:
-    """Audio as the bytes of ``input_format``. Bytes pass through unchanged (they must already be
-    in that format); int16 arrays are PCM16; float arrays are samples in [-1, 1]."""
+    """Audio as the bytes of ``input_format``, at the samples' own rate. Bytes pass through
+    unchanged (they must already be in that format); int16 arrays are PCM16; float arrays are
+    samples in [-1, 1]. G.711 is encoded from the PCM16 rounding of the samples."""
     if isinstance(samples, bytes | bytearray | memoryview):
         return bytes(samples)
     x = np.asarray(samples)
@@ -195,39 +287,79 @@ def to_wire_bytes(samples: AudioInput, input_format: str = "pcm16") -> bytes:
     if x.dtype == np.int16:
         if fmt == "pcm16":
             return x.astype("<i2", copy=False).tobytes()
-        return (x.astype(np.float32) / 32768.0).astype("<f4").tobytes()
+        if fmt == "pcm_f32le":
+            return (x.astype(np.float32) / 32768.0).astype("<f4").tobytes()
+        return encode_g711(x.astype("<i2", copy=False).tobytes(), fmt)
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"samples must be int16 or float, not {x.dtype}")
     if fmt == "pcm16":
         return float_to_pcm16(x)
-    return np.ascontiguousarray(x, dtype="<f4").tobytes()
+    if fmt == "pcm_f32le":
+        return np.ascontiguousarray(x, dtype="<f4").tobytes()
+    return encode_g711(float_to_pcm16(x), fmt)
 
 
 @attrs.frozen
 class EncodedAudio:
     """Audio pre-encoded as ``input_audio_buffer.append`` messages, one per 80 ms frame (the last
     may be shorter). Encode once and stream it many times (``duplex-load`` shares one between
-    all its sessions)."""
+    all its sessions).
+
+    ``ready_frames[i]``: the whole 24 kHz model frames the server can have after message ``i``
+    (computed with the server's own resampler). Equal to ``i + 1`` at 24 kHz; at any other rate
+    the resampler's delay holds back a little of each frame, so frame k is only complete once
+    message k + 1 arrives and the last frame waits for audio that never comes."""
 
     messages: tuple[str, ...]
     total_samples: int
     input_format: str
+    sample_rate_hz: int = SAMPLE_RATE
+    ready_frames: tuple[int, ...] | None = None
 
     @property
     def frames(self) -> int:
         return len(self.messages)
 
     @property
+    def frame_samples(self) -> int:
+        return self.sample_rate_hz * FRAME_MS // 1000
+
+    @property
     def seconds(self) -> float:
-        return self.total_samples / SAMPLE_RATE
+        return self.total_samples / self.sample_rate_hz
+
+    @property
+    def expected_frames(self) -> int:
+        """Output frames the whole stream can bring back (one per whole model frame)."""
+        if self.ready_frames is None:
+            return self.total_samples * SAMPLE_RATE // self.sample_rate_hz // FRAME_SAMPLES
+        return self.ready_frames[-1] if self.ready_frames else 0
+
+
+def ready_frames(chunks: list[bytes], fmt: str, rate: int) -> tuple[int, ...]:
+    """For each chunk, the whole 24 kHz frames the server's :class:`InputStream` holds after it."""
+    stream = InputStream()
+    total, out = 0, []
+    for chunk in chunks:
+        total += len(stream.feed(chunk, fmt, rate))
+        out.append(total // FRAME_SAMPLES)
+    return tuple(out)
 
 
 def encode_audio(
-    samples: AudioInput, input_format: str = "pcm16", frame_samples: int = FRAME_SAMPLES
+    samples: AudioInput,
+    input_format: str = "pcm16",
+    frame_samples: int | None = None,
+    *,
+    sample_rate_hz: int | None = None,
 ) -> EncodedAudio:
+    """``samples`` (at ``sample_rate_hz``: the format's default rate unless given) as append
+    messages of one 80 ms frame each (``frame_samples`` to override)."""
     fmt = canonical_format(input_format)
+    rate = check_rate(fmt, default_rate(fmt) if sample_rate_hz is None else sample_rate_hz)
     data = to_wire_bytes(samples, fmt)
-    width = 2 if fmt == "pcm16" else 4
-    step = frame_samples * width
-    messages = tuple(append_message(data[i : i + step]) for i in range(0, len(data), step))
-    return EncodedAudio(messages, len(data) // width, fmt)
+    width = FORMATS[fmt]
+    step = (rate * FRAME_MS // 1000 if frame_samples is None else frame_samples) * width
+    chunks = [data[i : i + step] for i in range(0, len(data), step)]
+    messages = tuple(append_message(c) for c in chunks)
+    return EncodedAudio(messages, len(data) // width, fmt, rate, ready_frames(chunks, fmt, rate))

@@ -3,15 +3,19 @@
 ::
 
     duplex-client --url ws://127.0.0.1:8000/v1/realtime?duplex=1 --input speech.wav --output reply.wav \\
-        [--voice NATF2.pt] [--persona "..."] [--transcript reply.txt] [--fast] [--api-key K]
+        [--voice NATF2.pt] [--persona "..."] [--transcript reply.txt] [--fast] [--api-key K] \\
+        [--input-format pcm16@48000|pcmu|...] [--output-format pcm16|pcmu|pcma]
 
 Reads any WAV (8/16/24/32-bit PCM or float, any rate, mono or multi-channel: downmixed and
-resampled to 24 kHz mono), appends ``--tail-ms`` of silence (240 ms by default) so the model
-answers the last words, pads to whole 80 ms frames and streams it in real time on absolute 80 ms
-deadlines (``--fast``: as fast as the server takes it, at most ``--window`` frames ahead of the
-reply). Lockstep means one 80 ms reply frame per input frame: the reply WAV (24 kHz mono PCM16)
-is exactly as long as the padded input. Progress goes to stderr; the transcript (the model's
-text stream) to ``--transcript``.
+resampled to the ``--input-format``'s rate, 24 kHz by default), appends ``--tail-ms`` of silence
+(240 ms by default) so the model answers the last words, pads to whole 80 ms frames, encodes
+them in the input format (pcm16, pcm_f32le or G.711) and streams them in real time on absolute
+80 ms deadlines (``--fast``: as fast as the server takes it, at most ``--window`` frames ahead of
+the reply). Lockstep means one 80 ms reply frame per input frame: at 24 kHz input the reply WAV
+is exactly as long as the padded input; at any other input rate the server's resampler holds
+back a few ms, so the last frame does not come back (one frame fewer). The reply WAV is mono
+PCM16 at the rate the server sent (24 kHz; 8 kHz for G.711 output, decoded). Progress goes to
+stderr; the transcript (the model's text stream) to ``--transcript``.
 
 Exit codes: 0 done; 2 bad arguments or unreadable input; 3 unauthorized (HTTP 401/403);
 4 server full (``resource_exhausted``: try again later); 5 refused, connection failed or lost;
@@ -31,14 +35,20 @@ import attrs
 import numpy as np
 import trio
 
-from ..audio import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from ..audio import FRAME_S, SAMPLE_RATE, AudioError
 from .audio import (
+    INPUT_FORMAT_HELP,
+    OUTPUT_FORMAT_HELP,
     Float32Array,
     WavError,
+    WireFormat,
     encode_audio,
     pad_to_frames,
+    parse_input_format,
+    parse_output_format,
     read_wav,
-    to_model_input,
+    resample,
+    to_mono,
     write_wav,
 )
 from .connection import create_duplex_session_config, open_duplex_client
@@ -59,6 +69,24 @@ EXIT_FULL: Final = 4
 EXIT_FAILED: Final = 5
 EXIT_INCOMPLETE: Final = 6
 
+FORMATS_EPILOG: Final = f"input formats: {INPUT_FORMAT_HELP}; output formats: {OUTPUT_FORMAT_HELP}"
+
+
+def input_format_arg(value: str) -> WireFormat:
+    """argparse ``type=`` for ``--input-format``."""
+    try:
+        return parse_input_format(value)
+    except AudioError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def output_format_arg(value: str) -> WireFormat:
+    """argparse ``type=`` for ``--output-format``."""
+    try:
+        return parse_output_format(value)
+    except AudioError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 
 @attrs.define
 class Reply:
@@ -67,6 +95,7 @@ class Reply:
     audio: list[bytes] = attrs.Factory(list)
     text: list[str] = attrs.Factory(list)
     frames: int = 0
+    rate: int = SAMPLE_RATE
     first_audio_at: float | None = None
     errors: list[Error] = attrs.Factory(list)
     warn: TextIO | None = None
@@ -74,6 +103,7 @@ class Reply:
     def on_event(self, event: ServerEvent) -> None:
         if isinstance(event, AudioDelta):
             self.audio.append(event.pcm16)
+            self.rate = event.sample_rate_hz
             self.frames += event.frames
             if event.text:
                 self.text.append(event.text)
@@ -130,11 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="duplex-client",
         description="Stream a WAV file to a duplex-actors server and record the spoken reply.",
         epilog="exit codes: 0 done, 2 bad arguments/input, 3 unauthorized, 4 server full, "
-        "5 refused/connection failed, 6 incomplete reply",
+        "5 refused/connection failed, 6 incomplete reply. " + FORMATS_EPILOG,
     )
     parser.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime?duplex=1", help="WebSocket URL")
     parser.add_argument("--input", "-i", required=True, help="WAV to send (any rate/channels/format)")
-    parser.add_argument("--output", "-o", required=True, help="reply WAV to write (24 kHz mono PCM16)")
+    parser.add_argument(
+        "--output",
+        "-o",
+        required=True,
+        help="reply WAV to write (mono PCM16 at the rate received: 24 kHz, 8 kHz for G.711 output)",
+    )
     parser.add_argument("--voice", default=None, help="voice prompt, e.g. NATF2.pt (server default)")
     parser.add_argument("--persona", default=None, help="persona / system text (server default)")
     parser.add_argument("--transcript", default=None, help="write the reply's text here")
@@ -145,31 +180,53 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
     parser.add_argument("--beta", action="store_true", help="ask for OpenAI's beta event names")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--input-format",
+        type=input_format_arg,
+        default=input_format_arg("pcm16"),
+        help="what is sent: pcm16 (= pcm16@24000, the default), pcm16@48000, pcm_f32le@16000, "
+        "pcmu/g711_ulaw, pcma/g711_alaw (8 kHz); the WAV is resampled to its rate",
+    )
+    parser.add_argument(
+        "--output-format",
+        type=output_format_arg,
+        default=None,
+        help="what the server sends back: pcm16 (24 kHz, the default) or pcmu/pcma (8 kHz G.711, "
+        "decoded; the reply WAV is then 8 kHz)",
+    )
     return parser
 
 
-def prepare_input(path: str, tail_ms: float) -> Float32Array:
-    """The WAV as 24 kHz mono float32 with the silence tail, padded to whole frames."""
-    samples, rate = read_wav(path)
-    x = to_model_input(samples, rate)
-    tail = np.zeros(round(max(0.0, tail_ms) / 1000 * SAMPLE_RATE), np.float32)
-    return pad_to_frames(np.concatenate([x, tail]))
+def prepare_input(path: str, tail_ms: float, rate: int = SAMPLE_RATE) -> Float32Array:
+    """The WAV as mono float32 at ``rate`` with the silence tail, padded to whole 80 ms frames."""
+    samples, wav_rate = read_wav(path)
+    x = resample(to_mono(samples), wav_rate, rate)
+    tail = np.zeros(round(max(0.0, tail_ms) / 1000 * rate), np.float32)
+    return pad_to_frames(np.concatenate([x, tail]), rate * 80 // 1000)
 
 
 async def run(args: argparse.Namespace, err: TextIO) -> int:
+    fmt: WireFormat = args.input_format
+    out_fmt: WireFormat | None = args.output_format
     try:
-        samples = prepare_input(args.input, args.tail_ms)
+        samples = prepare_input(args.input, args.tail_ms, fmt.rate)
     except (OSError, WavError) as exc:
         print(f"duplex-client: cannot read {args.input}: {exc}", file=err)
         return EXIT_USAGE
-    frames = samples.size // FRAME_SAMPLES
-    if frames == 0:
+    sent = samples.size // fmt.frame_samples
+    if sent == 0:
         print(f"duplex-client: {args.input} holds no audio", file=err)
         return EXIT_USAGE
-    audio = encode_audio(samples, "pcm16")
-    config = create_duplex_session_config(voice=args.voice, persona=args.persona, input_format="pcm16")
+    audio = encode_audio(samples, fmt.name, sample_rate_hz=fmt.rate)
+    frames = audio.expected_frames  # one fewer than sent when the server resamples
+    config = create_duplex_session_config(
+        voice=args.voice,
+        persona=args.persona,
+        input_format=str(fmt),
+        output_format=None if out_fmt is None else out_fmt.name,
+    )
     reply = Reply(warn=err)
-    progress = Progress(frames, reply, err, quiet=args.quiet)
+    progress = Progress(sent, reply, err, quiet=args.quiet)
     complete = True
     try:
         async with open_duplex_client(
@@ -183,7 +240,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
             if not args.quiet:
                 print(
                     f"duplex-client: session {client.session_id} open "
-                    f"(voice {client.session.get('voice')}); sending {frames * FRAME_S:.2f} s "
+                    f"(voice {client.session.get('voice')}); sending {sent * FRAME_S:.2f} s of {fmt} "
                     f"{'as fast as accepted' if args.fast else 'in real time'}",
                     file=err,
                 )
@@ -197,7 +254,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
                 await client.wait_frames(frames, timeout=args.timeout)
             except trio.TooSlowError:
                 complete = False
-            progress.draw(frames)
+            progress.draw(sent)
             progress.finish()
     except Unauthorized as exc:
         progress.finish()
@@ -216,7 +273,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
         return EXIT_FAILED
 
     pcm = b"".join(reply.audio)
-    write_wav(args.output, pcm)
+    write_wav(args.output, pcm, reply.rate)
     transcript = "".join(reply.text)
     if args.transcript:
         Path(args.transcript).write_text(transcript + ("\n" if transcript else ""), encoding="utf-8")
@@ -226,7 +283,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
         )
         print(
             f"duplex-client: wrote {args.output}: {reply.frames} frames ({reply.frames * FRAME_S:.2f} s) for "
-            f"{frames} sent; first audio after {ttfa:.0f} ms; transcript {len(transcript)} characters"
+            f"{sent} sent; first audio after {ttfa:.0f} ms; transcript {len(transcript)} characters"
             if ttfa is not None
             else f"duplex-client: wrote {args.output}: no audio came back",
             file=err,

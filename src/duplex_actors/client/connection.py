@@ -49,7 +49,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
-from ..audio import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, canonical_format
+from ..audio import FORMATS, FRAME_MS, FRAME_S, canonical_format, check_rate, default_rate
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import (
     ClientEvent,
@@ -65,7 +65,15 @@ from ..protocol.events import (
     SessionUpdate,
 )
 from ..protocol.native import split_binary_frame
-from .audio import AudioInput, EncodedAudio, append_message, encode_audio, to_wire_bytes
+from .audio import (
+    AudioInput,
+    EncodedAudio,
+    append_message,
+    encode_audio,
+    parse_input_format,
+    parse_output_format,
+    to_wire_bytes,
+)
 from .errors import (
     ConfigRefused,
     ConnectFailed,
@@ -101,25 +109,43 @@ def create_duplex_session_config(
     voice: str | None = None,
     persona: str | None = None,
     input_format: str = "pcm16",
+    output_format: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """A session object for ``session.update`` / ``session.create``.
 
     ``voice``: a bundled voice prompt (``NATF2.pt``); ``persona``: the system text (sent as
-    ``instructions``); ``input_format``: ``pcm16`` or ``pcm_f32le`` (mono 24 kHz). ``extra`` keys
-    are passed through (``temperature``, ``extra_body``, ...). Omitted values take the server's
-    defaults.
+    ``instructions``); ``input_format``: ``pcm16`` (24 kHz), ``pcm16@48000``, ``pcm_f32le@16000``,
+    ``pcmu``/``pcma`` (8 kHz G.711), ... (see :func:`~duplex_actors.client.audio.parse_input_format`;
+    mono); ``output_format``: ``pcm16`` (24 kHz) or ``pcmu``/``pcma`` (8 kHz), the server's
+    default (pcm16) when omitted. ``extra`` keys are passed through (``temperature``,
+    ``extra_body``, ...). Omitted values take the server's defaults.
     """
-    config: dict[str, Any] = {
-        "input_audio_format": canonical_format(input_format),
-        "sample_rate_hz": SAMPLE_RATE,
-    }
+    fmt = parse_input_format(input_format)
+    config: dict[str, Any] = {"input_audio_format": fmt.name, "sample_rate_hz": fmt.rate}
+    if output_format is not None:
+        config["output_audio_format"] = parse_output_format(output_format).name
     if voice is not None:
         config["voice"] = voice
     if persona is not None:
         config["instructions"] = persona
     config.update(extra)
     return config
+
+
+def _input_format_of(config: Mapping[str, Any]) -> tuple[str, int | None]:
+    """(canonical format, rate or None for the format's default) a session config names: the
+    flat keys, else GA ``audio.input.format`` (as the server reads them)."""
+    fmt, rate = config.get("input_audio_format"), config.get("sample_rate_hz")
+    audio = config.get("audio")
+    audio_in = audio.get("input") if isinstance(audio, dict) else None
+    ga = audio_in.get("format") if isinstance(audio_in, dict) else None
+    if isinstance(ga, dict):
+        fmt = fmt if fmt is not None else ga.get("type")
+        rate = rate if rate is not None else ga.get("rate")
+    elif isinstance(ga, str) and fmt is None:
+        fmt = ga
+    return canonical_format(str(fmt or "pcm16")), int(rate) if isinstance(rate, int) else None
 
 
 def _wire(event: ClientEvent) -> str:
@@ -183,12 +209,17 @@ class DuplexClient:
         *,
         dialect: Dialect,
         input_format: str = "pcm16",
+        input_rate: int | None = None,
         on_event: Callable[[ServerEvent], None] | None = None,
         queue_events: bool = True,
     ) -> None:
         self.ws = ws
         self.dialect: Dialect = dialect
         self.input_format = canonical_format(input_format)
+        self.input_rate = check_rate(
+            self.input_format, default_rate(self.input_format) if input_rate is None else input_rate
+        )
+        self._frame_samples = self.input_rate * FRAME_MS // 1000
         self.session_id: str | None = None
         self.session: dict[str, Any] = {}
         self.created: SessionCreated | None = None
@@ -216,8 +247,8 @@ class DuplexClient:
     # -- state -----------------------------------------------------------------------------------
     @property
     def frames_sent(self) -> int:
-        """Whole 80 ms input frames sent so far."""
-        return self.samples_sent // FRAME_SAMPLES
+        """Whole 80 ms input frames sent so far (samples at the session's input rate)."""
+        return self.samples_sent // self._frame_samples
 
     @property
     def is_closed(self) -> bool:
@@ -388,7 +419,7 @@ class DuplexClient:
         """Append audio (any chunk size; the server keeps the partial tail). Bytes must be in the
         session's input format; int16/float arrays are converted. Returns the samples sent."""
         data = to_wire_bytes(samples, self.input_format)
-        width = 2 if self.input_format == "pcm16" else 4
+        width = FORMATS[self.input_format]
         self.samples_sent += len(data) // width
         await self.send_raw(append_message(data))
         return len(data) // width
@@ -413,9 +444,16 @@ class DuplexClient:
         ``progress(sent, total)`` is called after each frame. ``times``: a list to append the send
         times to as they happen (kept by the caller if the stream is interrupted).
         """
-        enc = audio if isinstance(audio, EncodedAudio) else encode_audio(audio, self.input_format)
-        if enc.input_format != self.input_format:
-            raise ValueError(f"audio encoded as {enc.input_format}, session takes {self.input_format}")
+        enc = (
+            audio
+            if isinstance(audio, EncodedAudio)
+            else encode_audio(audio, self.input_format, sample_rate_hz=self.input_rate)
+        )
+        if (enc.input_format, enc.sample_rate_hz) != (self.input_format, self.input_rate):
+            raise ValueError(
+                f"audio encoded as {enc.input_format}@{enc.sample_rate_hz}, "
+                f"session takes {self.input_format}@{self.input_rate}"
+            )
         t0 = trio.current_time() if start is None else start
         total = enc.frames
         times = [] if times is None else times
@@ -426,7 +464,7 @@ class DuplexClient:
             elif max_ahead_frames is not None and self.frames_sent - self.frames_received >= max_ahead_frames:
                 await self.wait_until(self._room_ahead(max_ahead_frames), timeout=30.0)
             times.append(trio.current_time())
-            n = min(FRAME_SAMPLES, remaining)
+            n = min(enc.frame_samples, remaining)
             remaining -= n
             self.samples_sent += n
             await self.send_raw(message)
@@ -615,7 +653,7 @@ async def open_duplex_client(
         headers.append((b"Authorization", f"Bearer {api_key}".encode()))
     if beta:
         headers.append((b"OpenAI-Beta", b"realtime=v1"))
-    input_format = str((config or {}).get("input_audio_format") or "pcm16")
+    input_format, input_rate = _input_format_of(config or {})
     client: DuplexClient | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -623,7 +661,12 @@ async def open_duplex_client(
                 nursery, wire_url, headers, subprotocols, connect_timeout, max_message_size, label=url
             )
             client = DuplexClient(
-                ws, dialect=dialect, input_format=input_format, on_event=on_event, queue_events=queue_events
+                ws,
+                dialect=dialect,
+                input_format=input_format,
+                input_rate=input_rate,
+                on_event=on_event,
+                queue_events=queue_events,
             )
             nursery.start_soon(client._receive_loop)
             graceful = False

@@ -23,6 +23,11 @@ and N holds if any attempt held; every attempt is in the report. Writes ``load.j
 histogram + per-session timeline; for a ramp, of the largest N that held, plus ``ramp.png``)
 into ``--out``, and prints a summary table.
 
+``--input-format`` / ``--output-format`` (as ``duplex-client``'s: pcm16[@RATE], pcm_f32le[@RATE],
+pcmu, pcma) choose what the sessions send and get back; a frame is 80 ms whatever its byte size,
+and at a resampled input rate the round trips and coverage account for the server's resampler
+delay (see :mod:`duplex_actors.client.stats`).
+
 The generator shares the machine with the server, so its per-frame work is kept tiny: the audio
 is base64-encoded once for all sessions and each arrival is only time-stamped and appended.
 
@@ -48,12 +53,23 @@ import attrs
 import numpy as np
 import trio
 
-from ..audio import FRAME_S, FRAME_SAMPLES
-from .audio import EncodedAudio, Float32Array, WavError, encode_audio, read_wav, speech_like, to_model_input
+from ..audio import FRAME_S
+from .audio import (
+    EncodedAudio,
+    Float32Array,
+    WavError,
+    WireFormat,
+    encode_audio,
+    read_wav,
+    resample,
+    speech_like,
+    to_mono,
+)
+from .cli import FORMATS_EPILOG, input_format_arg, output_format_arg
 from .connection import create_duplex_session_config, open_duplex_client
 from .errors import ConnectFailed, DuplexError, ResourceExhausted, ServerClosed, SessionRefused, Unauthorized
 from .events import AudioDelta, Error, ServerEvent
-from .stats import Delta, aggregate, prometheus_value, session_stats
+from .stats import Delta, aggregate, frame_send_times, prometheus_value, round_trips_ms, session_stats
 
 MIN_COVERAGE: Final = 0.99
 MAX_P99_MS: Final = 80.0
@@ -96,6 +112,7 @@ class Trial:
     held: bool = False
     reasons: list[str] = attrs.Factory(list)
     attempt: int = 1
+    ready_frames: tuple[int, ...] | None = None  # the audio's (see stats.frame_send_times)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,6 +198,7 @@ class Options:
     jitter_buffer_s: float = 0.12
     min_coverage: float = MIN_COVERAGE
     max_p99_ms: float = MAX_P99_MS
+    ready_frames: tuple[int, ...] | None = None
 
 
 async def run_trial(opts: Options, n: int, audio: EncodedAudio) -> Trial:
@@ -217,7 +235,9 @@ async def run_trial(opts: Options, n: int, audio: EncodedAudio) -> Trial:
                 await go.wait()
                 await client.stream(audio, start=start[0] + run.offset, times=run.send_times)
                 with trio.move_on_after(opts.drain_s):
-                    await client.wait_frames(len(run.send_times), timeout=opts.drain_s + 1)
+                    await client.wait_frames(
+                        len(frame_send_times(run.send_times, opts.ready_frames)), timeout=opts.drain_s + 1
+                    )
             run.close_reason = client.closed_event.reason if client.closed_event else None
         except Unauthorized as exc:
             run.failure = f"unauthorized: {exc}"
@@ -251,7 +271,7 @@ async def run_trial(opts: Options, n: int, audio: EncodedAudio) -> Trial:
         "steps": steps,
         "step_ms_mean": round(1000 * step_sum / steps, 3) if steps and step_sum is not None else None,
     }
-    trial = Trial(n, runs, start[0], wall, cpu_pct, server)
+    trial = Trial(n, runs, start[0], wall, cpu_pct, server, ready_frames=opts.ready_frames)
     analyse(trial, opts)
     return trial
 
@@ -260,12 +280,11 @@ def analyse(trial: Trial, opts: Options) -> None:
     all_rtt: list[float] = []
     all_intervals: list[float] = []
     for run in trial.runs:
-        stats = session_stats(run.send_times, run.deltas, jitter_buffer=opts.jitter_buffer_s)
-        arrived: dict[int, float] = {}
-        for d in run.deltas:
-            for k in range(d.frame_index, d.frame_index + d.frames):
-                arrived.setdefault(k, d.received_at)
-        all_rtt += [(arrived[k] - t) * 1000 for k, t in enumerate(run.send_times) if k in arrived]
+        stats = session_stats(
+            run.send_times, run.deltas, jitter_buffer=opts.jitter_buffer_s, ready_frames=opts.ready_frames
+        )
+        frame_sent = frame_send_times(run.send_times, opts.ready_frames)
+        all_rtt += [ms for _, ms in round_trips_ms(frame_sent, run.deltas)]
         all_intervals += list(np.diff([d.received_at for d in run.deltas]) * 1000)
         trial.sessions.append(
             {
@@ -387,7 +406,8 @@ def _plot(path: Path, trial: Trial, title: str) -> str | None:
     from .plot import plot_trial
 
     try:
-        plot_trial(path, [(r.send_times, r.deltas) for r in trial.runs], t0=trial.t0, title=title)
+        sessions = [(frame_send_times(r.send_times, trial.ready_frames), r.deltas) for r in trial.runs]
+        plot_trial(path, sessions, t0=trial.t0, title=title)
     except Exception as exc:  # a missing/broken matplotlib must not lose the numbers
         print(f"duplex-load: could not draw {path}: {exc}", file=sys.stderr)
         return None
@@ -395,14 +415,14 @@ def _plot(path: Path, trial: Trial, title: str) -> str | None:
 
 
 # -- the command -------------------------------------------------------------------------------
-def load_audio(path: str | None, seconds: float) -> Float32Array:
-    """``seconds`` (rounded to whole 80 ms frames) of mono 24 kHz float32: the WAV looped and
-    trimmed, or synthetic speech."""
-    n = max(1, round(seconds / FRAME_S)) * FRAME_SAMPLES
+def load_audio(path: str | None, seconds: float, rate: int = 24_000) -> Float32Array:
+    """``seconds`` (rounded to whole 80 ms frames) of mono float32 at ``rate``: the WAV
+    (resampled) looped and trimmed, or synthetic speech."""
+    n = max(1, round(seconds / FRAME_S)) * (rate * 80 // 1000)
     if path is None:
-        return speech_like(n / 24_000)
-    samples, rate = read_wav(path)
-    x = to_model_input(samples, rate)
+        return speech_like(n / rate, rate=rate)
+    samples, wav_rate = read_wav(path)
+    x = resample(to_mono(samples), wav_rate, rate)
     if x.size == 0:
         raise WavError(f"{path}: no audio")
     return np.tile(x, -(-n // x.size))[:n]
@@ -413,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="duplex-load",
         description="Load a duplex-actors server with N concurrent real-time sessions and measure it.",
         epilog="exit codes: 0 completed (held or not), 2 bad arguments/input, 3 unauthorized, "
-        "4 no session opened, 5 connection failure",
+        "4 no session opened, 5 connection failure. " + FORMATS_EPILOG,
     )
     parser.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime?duplex=1")
     parser.add_argument("--sessions", "-n", type=int, default=1, help="concurrent sessions (default 1)")
@@ -437,6 +457,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jitter-buffer-ms", type=float, default=120.0)
     parser.add_argument("--voice", default=None)
     parser.add_argument("--persona", default=None)
+    parser.add_argument(
+        "--input-format",
+        type=input_format_arg,
+        default=input_format_arg("pcm16"),
+        help="what the sessions send: pcm16 (@24000), pcm16@48000, pcm_f32le@16000, pcmu, pcma, ...",
+    )
+    parser.add_argument(
+        "--output-format",
+        type=output_format_arg,
+        default=None,
+        help="what the server sends back: pcm16 (24 kHz, the default) or pcmu/pcma (8 kHz)",
+    )
     parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
     return parser
 
@@ -488,12 +520,19 @@ async def _ramp(opts: Options, audio: EncodedAudio, args: argparse.Namespace) ->
 
 async def _main(args: argparse.Namespace) -> int:
     try:
-        samples = load_audio(args.input, args.seconds)
+        fmt: WireFormat = args.input_format
+        samples = load_audio(args.input, args.seconds, fmt.rate)
     except (OSError, WavError) as exc:
         print(f"duplex-load: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    audio = encode_audio(samples, "pcm16")
-    config = create_duplex_session_config(voice=args.voice, persona=args.persona, input_format="pcm16")
+    audio = encode_audio(samples, fmt.name, sample_rate_hz=fmt.rate)
+    out_fmt: WireFormat | None = args.output_format
+    config = create_duplex_session_config(
+        voice=args.voice,
+        persona=args.persona,
+        input_format=str(fmt),
+        output_format=None if out_fmt is None else out_fmt.name,
+    )
     opts = Options(
         url=args.url,
         seconds=args.seconds,
@@ -502,6 +541,7 @@ async def _main(args: argparse.Namespace) -> int:
         sync_start=args.sync_start,
         drain_s=args.drain,
         jitter_buffer_s=args.jitter_buffer_ms / 1000,
+        ready_frames=audio.ready_frames,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -509,6 +549,9 @@ async def _main(args: argparse.Namespace) -> int:
         "url": args.url,
         "seconds": args.seconds,
         "frames_per_session": audio.frames,
+        "frames_expected_per_session": audio.expected_frames,
+        "input_format": str(fmt),
+        "output_format": str(out_fmt or "pcm16@24000"),
         "input": args.input or "synthetic speech-like audio",
         "sync_start": args.sync_start,
         "jitter_buffer_ms": args.jitter_buffer_ms,

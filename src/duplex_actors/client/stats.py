@@ -2,9 +2,15 @@
 
 Input: the time each input frame was handed to the socket, and every audio delta's arrival
 ``(received_at, epoch, frame_index, frames)``. Output frame k answers input frame k
-(``metadata.frame_index``), so a frame's round trip is ``arrival(k) - sent(k)``.
+(``metadata.frame_index``), so a frame's round trip is ``arrival(k) - sent(k)``, where sent(k) is
+when the input message that completed model frame k was sent: message k at 24 kHz; at any other
+input rate the server's resampler holds back a few ms of each frame, so frame k completes with
+message k + 1 (``ready_frames``, from :class:`~duplex_actors.client.audio.EncodedAudio`), and the
+last message's frame never does. The format and byte size of the frames do not matter: a frame
+is 80 ms (3840 bytes of pcm16@24000, 1280 of pcm16@8000, 640 of G.711).
 
-- coverage: output frames received / input frames sent.
+- coverage: output frames received / output frames the sent input can produce (the input frames
+  sent at 24 kHz; one fewer at any other rate).
 - time to first audio: first delta's arrival - first frame's send.
 - output packet interval: time between consecutive deltas.
 - underruns: a playout clock starts ``jitter_buffer`` (120 ms) after the first audio and plays one
@@ -92,14 +98,31 @@ def underruns(deltas: Sequence[Delta], jitter_buffer: float = JITTER_BUFFER_S) -
     return late
 
 
+def frame_send_times(send_times: Sequence[float], ready_frames: Sequence[int] | None = None) -> list[float]:
+    """For each model frame the sent input completes, the send time of the message that
+    completed it (``ready_frames[i]``: whole frames after message i; None: one per message)."""
+    if ready_frames is None:
+        return list(send_times)
+    out: list[float] = []
+    for t, ready in zip(send_times, ready_frames, strict=False):
+        out += [t] * (ready - len(out))
+    return out
+
+
 def session_stats(
-    send_times: Sequence[float], deltas: Sequence[Delta], *, jitter_buffer: float = JITTER_BUFFER_S
+    send_times: Sequence[float],
+    deltas: Sequence[Delta],
+    *,
+    jitter_buffer: float = JITTER_BUFFER_S,
+    ready_frames: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Per-session numbers (times in ms)."""
+    """Per-session numbers (times in ms). ``send_times``: one per input message;
+    ``ready_frames``: see :func:`frame_send_times`."""
     sent = len(send_times)
+    frame_sent = frame_send_times(send_times, ready_frames)
+    expected = len(frame_sent)
     received = sum(d.frames for d in deltas)
-    arrived = arrivals_by_frame(deltas)
-    rtt = [(arrived[k] - send_times[k]) * 1000 for k in range(sent) if k in arrived]
+    rtt = [ms for _, ms in round_trips_ms(frame_sent, deltas)]
     intervals = np.diff([d.received_at for d in deltas]) * 1000 if len(deltas) > 1 else np.zeros(0)
     lost, out_of_order = continuity(deltas)
     ttfa = (deltas[0].received_at - send_times[0]) * 1000 if deltas and sent else None
@@ -107,8 +130,9 @@ def session_stats(
     produced = (received - deltas[0].frames) * FRAME_S if deltas else 0.0
     return {
         "frames_sent": sent,
+        "frames_expected": expected,
         "frames_received": received,
-        "coverage": round(received / sent, 4) if sent else 0.0,
+        "coverage": round(received / expected, 4) if expected else 0.0,
         "time_to_first_audio_ms": round(ttfa, 3) if ttfa is not None else None,
         "round_trip_ms": percentiles(rtt),
         "packet_interval_ms": percentiles(intervals),
@@ -124,14 +148,16 @@ def aggregate(
 ) -> dict[str, Any]:
     """Totals and distributions over every session of a run."""
     sent = sum(s["frames_sent"] for s in per_session)
+    expected = sum(s.get("frames_expected", s["frames_sent"]) for s in per_session)
     received = sum(s["frames_received"] for s in per_session)
     ttfa = [s["time_to_first_audio_ms"] for s in per_session if s["time_to_first_audio_ms"] is not None]
     rtfs = [s["rtf"] for s in per_session if s["rtf"] is not None]
     return {
         "sessions": len(per_session),
         "frames_sent": sent,
+        "frames_expected": expected,
         "frames_received": received,
-        "coverage": round(received / sent, 4) if sent else 0.0,
+        "coverage": round(received / expected, 4) if expected else 0.0,
         "time_to_first_audio_ms": percentiles(ttfa, (50,)),
         "round_trip_ms": percentiles(all_rtt_ms),
         "packet_interval_ms": percentiles(all_intervals_ms),
