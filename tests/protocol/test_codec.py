@@ -99,6 +99,38 @@ def test_nan_and_infinity_literals_are_invalid_json(literal: str) -> None:
     assert refused(literal).code == "invalid_json"
 
 
+OUT_OF_RANGE = ["1e400", "-1e400", "1" + "0" * 400]
+
+
+@pytest.mark.parametrize("literal", OUT_OF_RANGE)
+@pytest.mark.parametrize(
+    ("dialect", "template"),
+    [
+        ("realtime", '{"type":"session.update","event_id":"u1","session":{"temperature":%s}}'),
+        ("realtime", '{"type":"session.update","event_id":"u1","session":{"deep":{"x":[1,%s]}}}'),
+        ("native", '{"type":"playback.ack","event_id":"u1","played_ms":%s}'),
+        ("native", '{"type":"session.create","event_id":"u1","session":{"seed":%s}}'),
+        ("realtime", '{"type":"input_audio_buffer.append","event_id":"u1","audio":"AAAA","x":%s}'),
+    ],
+)
+def test_a_number_out_of_float_range_is_bad_event_with_the_event_id(
+    literal: str, dialect: str, template: str
+) -> None:
+    err = refused(template % literal, dialect)
+    assert err.code == "bad_event"
+    assert err.client_event_id == "u1"
+    assert "out of range" in err.message
+
+
+def test_large_but_finite_numbers_still_parse() -> None:
+    event = parse_client_text(
+        '{"type":"session.update","session":{"a":1e308,"b":1e-400,"c":' + "9" * 300 + "}}",
+        dialect="realtime",
+    )
+    assert isinstance(event, wire.SessionUpdate)
+    assert event.session == {"a": 1e308, "b": 0.0, "c": int("9" * 300)}
+
+
 @pytest.mark.parametrize("text", ["[]", "[1, 2]", '"session.update"', "1", "null", "true"])
 def test_a_json_value_that_is_not_an_object_is_invalid_json(text: str) -> None:
     assert refused(text).code == "invalid_json"

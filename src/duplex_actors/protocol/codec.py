@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -286,15 +287,35 @@ def parse_client_text(
     ``bad_event``, ``unknown_event``) and nothing else."""
     if _too_large(text, max_message_bytes):
         raise ProtocolError(codes.BAD_EVENT, f"message larger than {max_message_bytes} bytes")
+    # Valid JSON that Python cannot hold as a finite float (``1e400``, a 400-digit integer)
+    # would reach the core as inf or overflow later: noted here, refused once the envelope is known.
+    non_finite: list[str] = []
+
+    def parse_float(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            non_finite.append(literal)
+        return value
+
+    def parse_int(literal: str) -> int:
+        value = int(literal)
+        if len(literal) > 300:
+            try:
+                float(value)
+            except OverflowError:
+                non_finite.append(literal)
+        return value
+
     try:
-        obj = json.loads(text, parse_constant=_refuse_constant)
+        obj = json.loads(text, parse_constant=_refuse_constant, parse_float=parse_float, parse_int=parse_int)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(codes.INVALID_JSON, f"message is not valid JSON: {exc}") from None
-    return parse_client_object(obj, dialect=dialect)
+    return parse_client_object(obj, dialect=dialect, non_finite=non_finite[0] if non_finite else None)
 
 
-def parse_client_object(obj: Any, *, dialect: Dialect) -> ClientEvent:
-    """Validate an already-decoded JSON value as a client event of ``dialect``."""
+def parse_client_object(obj: Any, *, dialect: Dialect, non_finite: str | None = None) -> ClientEvent:
+    """Validate an already-decoded JSON value as a client event of ``dialect``; ``non_finite``
+    is a number literal of the message that is out of float range (refused with ``bad_event``)."""
     if not isinstance(obj, dict):
         raise ProtocolError(codes.INVALID_JSON, f"a message must be a JSON object, not {_json_type(obj)}")
     raw_id = obj.get("event_id")
@@ -317,6 +338,10 @@ def parse_client_object(obj: Any, *, dialect: Dialect) -> ClientEvent:
         raise ValueError(f"unknown dialect {dialect!r}")
     if raw_type not in _TYPES[dialect]:
         raise refuse(codes.UNKNOWN_EVENT, f"unknown event type {clip(raw_type, 128)!r}", "type")
+    if non_finite is not None:
+        raise refuse(
+            codes.BAD_EVENT, f"number {clip(non_finite, 64)} is out of range (not finite as a float)"
+        )
     if raw_type == SessionEventAck.TYPE:
         seq = obj.get("server_event_seq")
         if type(seq) is not int or seq < 0:

@@ -1,0 +1,46 @@
+"""Values a hostile client can send that once killed its own session (issue 13): refused at the
+edge with one documented code, and the session goes on streaming."""
+
+from __future__ import annotations
+
+from .helpers import FRAME_SAMPLES, Client, client_event_id, connect, error_code, feed, pcm16, tone_and_noise
+
+
+async def _still_streams(c: Client) -> None:
+    """The session still answers audio: two frames in, output deltas out, and no 1011."""
+    before = c.output_frames()
+    await feed(c, pcm16(tone_and_noise(2 * FRAME_SAMPLES / 24_000)), 2 * FRAME_SAMPLES * 2, pace=0)
+    await c.wait_until(lambda: c.output_frames() >= before + 1, what="output audio")
+    assert "internal_error" not in c.error_codes()
+    assert not c.closed.is_set()
+
+
+async def test_numbers_out_of_float_range_are_bad_event_and_the_session_goes_on(parrot_server):
+    async with connect(f"{parrot_server.ws}/v1/realtime") as c:
+        await c.wait_for("session.updated")
+        await c.send_raw('{"type":"session.update","event_id":"t1","session":{"temperature":1e400}}')
+        await c.send_raw('{"type":"session.update","event_id":"t2","session":{"anything":[-1e400]}}')
+        await c.send_raw('{"type":"playback.ack","event_id":"t3","played_ms":1e400}')
+        await c.wait_until(lambda: len(c.errors()) >= 3, what="three errors")
+        assert [(client_event_id(m), error_code(m)) for m in c.errors()] == [
+            ("t1", "bad_event"),
+            ("t2", "bad_event"),
+            ("t3", "bad_event"),
+        ]
+        assert len(c.of_type("session.updated")) == 1
+        await _still_streams(c)
+
+
+async def test_native_session_create_with_1e400_is_bad_event_not_1011(parrot_server):
+    # A malformed first native message is refused like any other (bad_event, close 1008);
+    # before, 1e400 reached the echo and ended in internal_error + 1011.
+    async with connect(f"{parrot_server.ws}/v1/duplex") as c:
+        await c.send_raw('{"type":"session.create","event_id":"n1","session":{"seed":1e400}}')
+        await c.wait_closed()
+        assert c.error_codes() == ["bad_event"] and c.close_code == 1008
+    async with connect(f"{parrot_server.ws}/v1/duplex") as c:
+        await c.send({"type": "session.create", "event_id": "n2", "session": {"seed": 7}})
+        await c.wait_for("session.created")
+        await c.send_raw('{"type":"playback.ack","event_id":"n3","played_ms":-1e400}')
+        await c.wait_error("bad_event")
+        await _still_streams(c)
