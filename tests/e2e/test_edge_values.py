@@ -3,6 +3,8 @@ edge with one documented code, and the session goes on streaming."""
 
 from __future__ import annotations
 
+import json
+
 from .helpers import FRAME_SAMPLES, Client, client_event_id, connect, error_code, feed, pcm16, tone_and_noise
 
 
@@ -43,4 +45,25 @@ async def test_native_session_create_with_1e400_is_bad_event_not_1011(parrot_ser
         await c.wait_for("session.created")
         await c.send_raw('{"type":"playback.ack","event_id":"n3","played_ms":-1e400}')
         await c.wait_error("bad_event")
+        await _still_streams(c)
+
+
+async def test_the_merged_config_is_bounded_and_the_echo_stays_under_256_kib(parrot_server):
+    bound = 256 * 1024
+    async with connect(f"{parrot_server.ws}/v1/realtime") as c:
+        await c.wait_for("session.updated")
+        for i in range(40):
+            await c.send({"type": "session.update", "event_id": f"u{i}", "session": {f"k{i}": "x" * 20_480}})
+        await c.wait_until(lambda: len(c.of_type("session.updated", "error")) >= 41, what="40 answers")
+        answers = c.of_type("session.updated", "error")[1:]
+        outcome = [m["type"] for m in answers]
+        # ~20 KiB per key: twelve fit beside the defaults, the thirteenth would pass 256 KiB.
+        assert outcome == ["session.updated"] * 12 + ["error"] * 28
+        for m in answers[12:]:
+            assert error_code(m) == "invalid_value"
+        server_owned = {"id", "object", "model", "capabilities"}
+        for m in c.of_type("session.updated"):
+            config = {k: v for k, v in m["session"].items() if k not in server_owned}
+            assert len(json.dumps(config, separators=(",", ":"))) <= bound
+            assert len(json.dumps(m)) < bound + 4096
         await _still_streams(c)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -138,6 +140,31 @@ def test_invalid_updates_are_refused(config, code):
     (err,) = events(core.apply(r.Update(config)))
     assert err.code == code
     assert core.config == before
+
+
+def test_an_update_past_the_config_bound_is_invalid_value_and_changes_nothing():
+    core = new_core(max_config_bytes=64 * 1024)
+    accepted = refused = 0
+    for i in range(10):
+        before = dict(core.config)
+        effects = core.apply(r.Update({f"key{i}": "x" * 10_000}, client_event_id=f"u{i}"))
+        (event,) = events(effects)
+        if isinstance(event, ev.SessionUpdated):
+            accepted += 1
+            assert len(json.dumps(event.config, separators=(",", ":"))) <= 64 * 1024
+        else:
+            refused += 1
+            assert event.code == "invalid_value" and event.client_event_id == f"u{i}"
+            assert core.config == before
+            assert not [e for e in effects if isinstance(e, ResetSlot)]
+    assert accepted == 6 and refused == 4
+    # Replacing a big key with a small one still fits and is taken.
+    (event,) = events(core.apply(r.Update({"key0": "small"})))
+    assert isinstance(event, ev.SessionUpdated) and event.config["key0"] == "small"
+
+
+def test_the_default_config_bound_is_256_kib():
+    assert SessionLimits().max_config_bytes == 256 * 1024
 
 
 def test_response_lifecycle_cancel_and_a_new_epoch():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
@@ -61,9 +62,12 @@ class PromptPolicy(Protocol):
 @attrs.frozen(slots=True)
 class SessionLimits:
     """``max_buffered_samples``: input received but not yet stepped (partial tail plus frames
-    waiting for the scheduler); default 16 MiB of float32, never less than 10 s."""
+    waiting for the scheduler); default 16 MiB of float32, never less than 10 s.
+    ``max_config_bytes``: the merged session config as compact JSON, which ``session.updated``
+    echoes whole; an update that would pass it is refused (``invalid_value``)."""
 
     max_buffered_samples: int = 16 * 1024 * 1024 // 4
+    max_config_bytes: int = 256 * 1024
 
     def __attrs_post_init__(self) -> None:
         if self.max_buffered_samples < 10 * SAMPLE_RATE:
@@ -315,9 +319,15 @@ class SessionCore:
                 msg = "the persona cannot change after the first audio frame reached the model"
                 self._error(out, "persona_update_unsupported", msg, record.client_event_id)
                 return
+        effective = self._effective(merged, prompt)
+        size = len(json.dumps(effective, separators=(",", ":"), default=str))
+        if size > self.limits.max_config_bytes:
+            msg = f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}"
+            self._error(out, "invalid_value", msg, record.client_event_id)
+            return
         changed = prompt != self.prompt
         self.prompt = prompt
-        self.config = self._effective(merged, prompt)
+        self.config = effective
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
         if changed and not self.locked:
             out.append(ResetSlot(self.epoch, prompt))
