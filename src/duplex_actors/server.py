@@ -39,6 +39,7 @@ from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
+from .model.errors import InvalidRuntimeConfig
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .session import events as ev
@@ -118,7 +119,30 @@ class SessionHandle:
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""
         json.dumps(config, allow_nan=False)
+        refusal = self._context_refusal(config)
+        if refusal is not None:
+            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
+            return
         await self._send(r.Update(dict(config), client_event_id))
+
+    def _context_refusal(self, config: Mapping[str, Any]) -> str | None:
+        """Why the merged config's prompt cannot fit the model's context, or None. Asked before
+        logging: the budget needs the engine's tokenizer, which a logic replay lacks, so the
+        verdict goes into the log as a ``rejected`` record rather than being the core's."""
+        if "instructions" not in config and "voice" not in config:
+            return None
+        check = getattr(self.core.policy, "check_context", None)
+        if check is None:
+            return None
+        try:
+            prompt = self.core.validated({**self.core.config, **config})
+        except Exception:
+            return None  # the core refuses it itself, with its own code
+        try:
+            check(prompt)
+        except InvalidRuntimeConfig as exc:
+            return str(exc)
+        return None
 
     async def cancel(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.Cancel(client_event_id))

@@ -67,3 +67,22 @@ async def test_the_merged_config_is_bounded_and_the_echo_stays_under_256_kib(par
             assert len(json.dumps(config, separators=(",", ":"))) <= bound
             assert len(json.dumps(m)) < bound + 4096
         await _still_streams(c)
+
+
+async def test_a_persona_the_model_cannot_hold_is_refused_at_update_and_the_session_goes_on(parrot_server):
+    async with connect(f"{parrot_server.ws}/v1/realtime") as c:
+        await c.wait_for("session.updated")
+        await c.send_raw('{"type":"session.update","event_id":"p1","session":{"instructions":"\\ud800 hi"}}')
+        await c.send(
+            {"type": "session.update", "event_id": "p2", "session": {"instructions": "many words " * 200}}
+        )
+        await c.wait_until(lambda: len(c.errors()) >= 2, what="two errors")
+        assert [(client_event_id(m), error_code(m)) for m in c.errors()] == [
+            ("p1", "invalid_duplex_runtime_config"),
+            ("p2", "invalid_duplex_runtime_config"),
+        ]
+        assert len(c.of_type("session.updated")) == 1
+        await c.send({"type": "session.update", "event_id": "p3", "session": {"instructions": "Be brief."}})
+        updated = await c.wait_for("session.updated", count=2)
+        assert updated["session"]["instructions"] == "Be brief."
+        await _still_streams(c)

@@ -213,6 +213,32 @@ def test_a_persona_too_long_for_the_context_is_refused(tiny_dir):
     eng.reset(0, SessionPrompt(voice="NATF2.pt", persona="short"))
 
 
+def test_the_engines_family_refuses_a_persona_past_the_context_budget(tiny_dir):
+    from duplex_actors.model.errors import InvalidRuntimeConfig
+
+    eng = engine(tiny_dir, 1)
+    family = eng.family
+    long = family.session_prompt(persona="words and more words " * 60)
+    with pytest.raises(InvalidRuntimeConfig, match="persona is too long"):
+        family.check_context(long)
+    short = family.session_prompt(persona="short")
+    family.check_context(short)
+    # The family counts exactly the positions the engine's prefill plan takes.
+    assert family.prompt_positions is not None
+    assert family.prompt_positions(short) == len(eng.prefill_plan(short))
+    # The family a logic replay builds has no tokenizer and no budget.
+    detect_family(list(family.voices)).check_context(long)
+
+
+def test_a_persona_with_a_lone_surrogate_is_refused_at_validation():
+    from duplex_actors.model.errors import InvalidRuntimeConfig
+
+    family = detect_family(["NATF2.pt"])
+    with pytest.raises(InvalidRuntimeConfig, match="lone surrogate"):
+        family.session_prompt(persona="\ud800 hi")
+    assert family.session_prompt(persona="caf\u00e9 \U0001f600").persona == "caf\u00e9 \U0001f600"
+
+
 def test_family_detection_and_defaults():
     pp = detect_family(["NATM1.pt", "NATF2.pt", "VARF0.pt"])
     assert isinstance(pp, PersonaPlexFamily) and pp.default_voice == "NATF2.pt"

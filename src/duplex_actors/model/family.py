@@ -9,7 +9,7 @@ or chosen with ``--family``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -82,10 +82,26 @@ class ModelFamily:
     )
 
     voices: tuple[str, ...] = ()
+    # Set by the engine that holds the tokenizer: its context and the positions a prompt's
+    # prefill takes. Without them (logic replay, tests) no prompt is too long.
+    context_positions: int = 0
+    prompt_positions: Callable[[SessionPrompt], int] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def default_voice(self) -> str | None:
         return None
+
+    def check_context(self, prompt: SessionPrompt) -> None:
+        """Refuse a prompt whose prefill would take more than 3/4 of the model's context."""
+        if self.prompt_positions is None or not self.context_positions:
+            return
+        budget = self.context_positions * 3 // 4
+        used = self.prompt_positions(prompt)
+        if used > budget:
+            raise InvalidRuntimeConfig(
+                f"the persona is too long: its prompt takes {used} of the model's "
+                f"{self.context_positions} context positions (at most {budget})"
+            )
 
     def check_runtime_keys(self, extra: Mapping[str, Any]) -> None:
         owned = sorted(k for k in extra if k in self.server_owned_keys)
@@ -162,6 +178,13 @@ class PersonaPlexFamily(ModelFamily):
     def validate_persona(self, persona: str | None) -> str:
         if persona is not None and not isinstance(persona, str):
             raise InvalidRuntimeConfig("persona (instructions) must be a string")
+        if persona is not None:
+            try:
+                persona.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRuntimeConfig(
+                    "persona (instructions) holds a lone surrogate: not text the tokenizer can read"
+                ) from None
         return (persona or "").strip() or DEFAULT_PERSONA
 
 

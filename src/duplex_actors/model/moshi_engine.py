@@ -44,6 +44,7 @@ from .personaplex import (
     VoicePrompt,
     build_prefill_plan,
     load_voice_prompt,
+    prefill_positions,
     wrap_with_system_tags,
 )
 from .sampling import install as install_sampler
@@ -115,6 +116,10 @@ class MoshiEngine:
             # not a failure in the middle of serving.
             for name in checkpoint.files.voices:
                 self.voice(name)
+        if self.family.capabilities.prefill and lm.context:
+            self.family = attrs.evolve(
+                self.family, context_positions=int(lm.context), prompt_positions=self._prompt_positions
+            )
         self._snapshots: OrderedDict[tuple[str, str], SlotState] = OrderedDict()
         self._plans: dict[tuple[str, str], PrefillPlan] = {}
         self._prepare_lock = threading.Lock()
@@ -160,6 +165,13 @@ class MoshiEngine:
             lm = self.checkpoint.lm
             self._voices[name] = load_voice_prompt(path, dim=lm.dim, text_card=lm.text_card, card=lm.card)
         return self._voices[name]
+
+    def _prompt_positions(self, prompt: SessionPrompt) -> int:
+        voice = prompt.voice or self.family.default_voice
+        if voice is None:
+            return 0
+        tokens = self._tokenizer.encode(wrap_with_system_tags(prompt.persona))
+        return prefill_positions(self.voice(voice), len(tokens))
 
     def prefill_plan(self, prompt: SessionPrompt) -> PrefillPlan | None:
         if not self.family.capabilities.prefill:

@@ -120,6 +120,11 @@ class PrefillPlan:
         return len(self.calls)
 
 
+def prefill_positions(voice: VoicePrompt, n_persona_tokens: int) -> int:
+    """``len(build_prefill_plan(voice, tokens))`` for ``n_persona_tokens`` tokens, without building it."""
+    return voice.positions + 1 + 2 * SILENCE_FRAMES + n_persona_tokens
+
+
 def build_prefill_plan(voice: VoicePrompt, persona_tokens: list[int]) -> PrefillPlan:
     """The forced-call schedule for a ``.pt`` voice followed by the persona text prompt."""
     n_voice = voice.positions  # N: positions 0..N-1 are embedding overrides

@@ -267,6 +267,10 @@ class SessionCore:
     def _error(self, out: list[Effect], code: str, message: str, client_event_id: str | None) -> None:
         self._emit(out, ev.Error(code=code, message=message, client_event_id=client_event_id))
 
+    def validated(self, config: Mapping[str, Any]) -> Any:
+        """The prompt the family makes of ``config``; raises what the core would refuse it with."""
+        return self._validated(config)
+
     def _validated(self, config: Mapping[str, Any]) -> Any:
         sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
         extra = config.get("extra_body")
