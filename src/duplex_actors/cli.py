@@ -19,6 +19,14 @@ def _serve(args: argparse.Namespace) -> int:
         except BadS3Url as exc:
             print(f"duplex-actors: --log-upload: {exc}", file=sys.stderr)
             return 2
+    from .log.lock import LogDirLocked, lock_log_dir
+
+    try:
+        # Held (open) until the process exits: the kernel then releases it.
+        args.log_dir_lock = lock_log_dir(args.log_dir)
+    except LogDirLocked as exc:
+        print(f"duplex-actors: {exc}", file=sys.stderr)
+        return 2
     import trio
     from hypercorn.trio import serve
 
