@@ -131,15 +131,12 @@ class SessionHandle:
         verdict goes into the log as a ``rejected`` record rather than being the core's."""
         if "instructions" not in config and "voice" not in config:
             return None
-        check = getattr(self.core.policy, "check_context", None)
-        if check is None:
-            return None
         try:
             prompt = self.core.validated({**self.core.config, **config})
         except Exception:
             return None  # the core refuses it itself, with its own code
         try:
-            check(prompt)
+            self.core.policy.check_context(prompt)
         except InvalidRuntimeConfig as exc:
             return str(exc)
         return None

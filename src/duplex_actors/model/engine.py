@@ -112,6 +112,10 @@ class EngineFamily(Protocol):
         """Validate a session's config and return what a slot is reset with."""
         ...
 
+    def check_context(self, prompt: SessionPrompt) -> None:
+        """Raise InvalidRuntimeConfig if ``prompt`` cannot fit the model's context."""
+        ...
+
 
 class ModelEngine(Protocol):
     """A synchronous lockstep engine with a fixed number of slots."""

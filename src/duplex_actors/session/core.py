@@ -58,6 +58,10 @@ class PromptPolicy(Protocol):
         extra: Mapping[str, Any] | None = None,
     ) -> Any: ...
 
+    def check_context(self, prompt: Any) -> None:
+        """Raise if ``prompt`` cannot fit the model's context (a no-op without a budget)."""
+        ...
+
 
 @attrs.frozen(slots=True)
 class SessionLimits:
