@@ -138,6 +138,7 @@ class ModelHolder:
                 log_max_bytes=cfg.log_max_bytes,
                 limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
                 outbox_size=cfg.outbox_events,
+                tick_policy=cfg.tick_policy,
             ) as server,
             trio.open_nursery() as nursery,
         ):

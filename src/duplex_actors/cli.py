@@ -27,6 +27,15 @@ def _serve(args: argparse.Namespace) -> int:
     except LogDirLocked as exc:
         print(f"duplex-actors: {exc}", file=sys.stderr)
         return 2
+    from .config import TICK_POLICIES
+
+    tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or "window"
+    if tick_policy not in TICK_POLICIES:
+        print(
+            f"duplex-actors: DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
     import trio
     from hypercorn.trio import serve
 
@@ -50,6 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         input_buffer_bytes=args.input_buffer_bytes,
         outbox_events=args.outbox_events,
         max_message_bytes=args.max_message_bytes,
+        tick_policy=tick_policy,
         agent_port=args.agent_port,
         agent_host=args.agent_host or args.host,
         admission_refusal=args.admission_refusal,
@@ -184,6 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--drain-timeout", type=float, default=10.0, help="seconds to close sessions on SIGTERM"
+    )
+    serve.add_argument(
+        "--tick-policy",
+        choices=["grid", "deadline", "window"],
+        default=None,
+        help="when the scheduler steps (docs/operations.md): 'window' (default: step when every "
+        "session has a frame, else 20 ms after the first), 'deadline' (the window stretched to "
+        "80 ms minus the p90 step), 'grid' (one step per 80 ms tick on a fixed grid); "
+        "env DUPLEX_TICK_POLICY",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

@@ -16,6 +16,8 @@ class ConfigError(ValueError):
 
 
 ADMISSION_REFUSALS = ("inband", "http")
+# scheduler/policy.py's names; spelled here so that reading settings never imports the scheduler.
+TICK_POLICIES = ("grid", "deadline", "window")
 
 
 def _parse(env: Mapping[str, str], name: str, kind: Callable[[str], T], what: str) -> T | None:
@@ -46,6 +48,9 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    # When the scheduler steps (notes/tick-policy.md, docs/operations.md). "window" until
+    # per-session alignment lands: the grid makes unaligned 80 ms clients wait 40 ms on average.
+    tick_policy: str = "window"
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -56,6 +61,8 @@ class ServerConfig:
     def __attrs_post_init__(self) -> None:
         if self.admission_refusal not in ADMISSION_REFUSALS:
             raise ValueError(f"admission_refusal must be one of {ADMISSION_REFUSALS}")
+        if self.tick_policy not in TICK_POLICIES:
+            raise ValueError(f"tick_policy must be one of {TICK_POLICIES}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -77,6 +84,11 @@ class ServerConfig:
             raise ConfigError(
                 f"DUPLEX_ADMISSION_REFUSAL={refusal!r}: expected one of {', '.join(ADMISSION_REFUSALS)}"
             )
+        tick_policy = env.get("DUPLEX_TICK_POLICY") or default.tick_policy
+        if tick_policy not in TICK_POLICIES:
+            raise ConfigError(
+                f"DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}"
+            )
         return cls(
             model=env.get("DUPLEX_MODEL", default.model),
             revision=env.get("DUPLEX_MODEL_REVISION") or None,
@@ -95,6 +107,7 @@ class ServerConfig:
             input_buffer_bytes=integer("DUPLEX_INPUT_BUFFER_BYTES", default.input_buffer_bytes),
             outbox_events=integer("DUPLEX_OUTBOX_EVENTS", default.outbox_events),
             max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
+            tick_policy=tick_policy,
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,

@@ -93,6 +93,28 @@ def render(
             [("", {}, st.late_frames)],
         )
         out.metric(
+            "duplex_frame_wait_seconds",
+            "histogram",
+            "From an input frame complete on the server to the start of its step.",
+            [
+                *(("_bucket", {"le": _fmt(b)}, c) for b, c in st.frame_wait_seconds_buckets),
+                ("_sum", {}, st.frame_wait_seconds_sum),
+                ("_count", {}, st.frame_wait_seconds_buckets[-1][1]),
+            ],
+        )
+        out.metric(
+            "duplex_catchup_steps_total",
+            "counter",
+            "Grid steps outside the tick for slots that missed theirs (tick policy grid).",
+            [("", {}, st.catchup_steps)],
+        )
+        out.metric(
+            "duplex_tick_policy",
+            "gauge",
+            "The scheduler's tick policy (1 for the one in use).",
+            [("", {"policy": st.tick_policy}, 1)],
+        )
+        out.metric(
             "duplex_slots_total",
             "gauge",
             "Engine slots (max concurrent sessions).",

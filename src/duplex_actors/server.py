@@ -42,6 +42,7 @@ from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
+from .scheduler.policy import make_policy
 from .session import events as ev
 from .session.actor import SessionActor
 from .session.core import PromptPolicy, SessionCore, SessionLimits
@@ -452,6 +453,7 @@ async def open_duplex_server(
     log_dir: str | Path = "sessions",
     virtual_time: bool = False,
     max_batch_wait_ms: float = 20.0,
+    tick_policy: str = "window",
     limits: SessionLimits | None = None,
     outbox_size: int = 4096,
     fsync: bool = True,
@@ -464,7 +466,8 @@ async def open_duplex_server(
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
     ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
-    and log I/O inline instead of in worker threads. ``session_ids`` makes ids (random by
+    and log I/O inline instead of in worker threads. ``tick_policy`` names the scheduler's
+    policy (``grid``, ``deadline`` or ``window``, scheduler/policy.py). ``session_ids`` makes ids (random by
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     """
@@ -476,7 +479,8 @@ async def open_duplex_server(
     description = await io.run(engine.describe)
     async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
         async with trio.open_nursery() as nursery:
-            scheduler = Scheduler(engine, clock=clock, max_batch_wait_ms=max_batch_wait_ms)
+            tick = make_policy(tick_policy, max_batch_wait_ms=max_batch_wait_ms)
+            scheduler = Scheduler(engine, clock=clock, policy=tick)
             await nursery.start(scheduler.run)
             server = DuplexServer(
                 engine,

@@ -1,19 +1,21 @@
 """The scheduler actor: exactly one per process; owns the engine and its B slots.
 
 Admission is a free slot (else ``ResourceExhausted``); a session holds its slot for life and
-the slot is freed only after the engine has reset it. Tick policy: step as soon as every
-active slot has a frame ready, or ``max_batch_wait_ms`` after the oldest pending frame; at most
-one frame per slot per step; slots without a frame do not advance. Resets (new session, new
-epoch) are applied between steps, before the slot's next frame; a prompt the engine has not
-seen is prepared in a worker thread first so that one new persona never stalls the batch.
-Results are routed by the (occupant, epoch) captured before the step. The scheduler never
-awaits a session: results go out with ``deliver_nowait``.
+the slot is freed only after the engine has reset it. When to step, and which slots, is the
+tick policy's answer (``scheduler/policy.py``, pure): this actor builds a view of the slots,
+asks ``policy.decide`` and sleeps or steps, then records ``policy.after_step``. Every policy
+steps at most one frame per slot per step; slots without a frame do not advance. Resets (new
+session, new epoch) are applied between steps, before the slot's next frame; a prompt the
+engine has not seen is prepared in a worker thread first so that one new persona never stalls
+the batch. Results are routed by the (occupant, epoch) captured before the step. The scheduler
+never awaits a session: results go out with ``deliver_nowait``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import math
+from collections import Counter, deque
 from collections.abc import Mapping
 from functools import partial
 
@@ -26,6 +28,7 @@ from ..audio import FRAME_MS
 from ..errors import CodedError
 from ..model.engine import ModelEngine, SessionPrompt, StepOutput
 from .clock import INLINE, REAL_TIME, Clock, Executor, Threads, engine_executor
+from .policy import RECENT_STEPS, PolicyState, SchedulerView, SlotView, StepNow, TickPolicy, WindowPolicy
 from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
 
 __all__ = ["ResourceExhausted", "Scheduler", "SchedulerFailed", "SchedulerStatistics", "StepResult"]
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # Step-duration histogram buckets (seconds), aligned to the 80 ms frame budget.
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf"))
+# Frame-wait histogram buckets (seconds): a frame complete -> its step starts (0-80 ms on a grid).
+WAIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.32, float("inf"))
 
 
 class ResourceExhausted(CodedError):
@@ -57,13 +62,18 @@ class SchedulerStatistics:
     dropped_frames: tuple[tuple[str, int], ...]  # (reason, frames)
     resets: int
     failed: bool
+    tick_policy: str = "window"
+    catchup_steps: int = 0
+    frame_wait_seconds_sum: float = 0.0
+    frame_wait_seconds_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound, cumulative)
 
 
 class Scheduler:
     """``clock`` is the time source; ``executor`` runs ``engine.reset``/``engine.step`` (default:
     inline under virtual time, else the engine's worker thread); ``prepare_executor`` runs
     ``engine.prepare`` beside the steps (default: inline under virtual time, else a thread of
-    its own)."""
+    its own). ``policy`` decides when to step (default: the window policy with
+    ``max_batch_wait_ms``)."""
 
     def __init__(
         self,
@@ -73,6 +83,7 @@ class Scheduler:
         executor: Executor | None = None,
         prepare_executor: Executor | None = None,
         max_batch_wait_ms: float = 20.0,
+        policy: TickPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -80,7 +91,9 @@ class Scheduler:
         self.prepare_executor = prepare_executor or (
             INLINE if clock.virtual else Threads(trio.CapacityLimiter(1))
         )
-        self.max_batch_wait = max_batch_wait_ms / 1000
+        self.policy: TickPolicy = policy or WindowPolicy(max_batch_wait_ms=max_batch_wait_ms)
+        self._policy_state = PolicyState()
+        self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self.table = SlotTable(engine.slots)
         self._wake = trio.Event()
         self._released: dict[int, trio.Event] = {}
@@ -98,6 +111,9 @@ class Scheduler:
         self._late = 0
         self._dropped: Counter[str] = Counter()
         self._resets = 0
+        self._catchups = 0
+        self._wait_sum = 0.0
+        self._wait_hist = [0] * len(WAIT_BUCKETS)
 
     # -- the API sessions use (never blocks) ------------------------------------------------------
     def admit(self, occupant: Occupant) -> int:
@@ -149,22 +165,22 @@ class Scheduler:
         await done.wait()
 
     def statistics(self) -> SchedulerStatistics:
-        cumulative, running = [], 0
-        for bound, count in zip(STEP_BUCKETS, self._step_hist, strict=True):
-            running += count
-            cumulative.append((bound, running))
         return SchedulerStatistics(
             slots_total=self.engine.slots,
             slots_in_use=self.table.in_use,
             ticks=self._ticks,
             frames_stepped=self._frames,
             step_seconds_sum=self._step_sum,
-            step_seconds_buckets=tuple(cumulative),
+            step_seconds_buckets=_cumulative(STEP_BUCKETS, self._step_hist),
             batch_sizes=tuple(sorted(self._batch_sizes.items())),
             late_frames=self._late,
             dropped_frames=tuple(sorted(self._dropped.items())),
             resets=self._resets,
             failed=self.failed is not None,
+            tick_policy=self.policy.name,
+            catchup_steps=self._catchups,
+            frame_wait_seconds_sum=self._wait_sum,
+            frame_wait_seconds_buckets=_cumulative(WAIT_BUCKETS, self._wait_hist),
         )
 
     # -- the tick loop ---------------------------------------------------------------------------
@@ -174,13 +190,13 @@ class Scheduler:
             task_status.started()
             try:
                 while True:
-                    await self._wait_for_work()
-                    if self._needs_admin():
-                        # Resets first, then wait again: a reset neither steps a stale frame
+                    ready = await self._wait_for_work()
+                    if ready is None:
+                        # Resets first, then ask again: a reset neither steps a stale frame
                         # nor makes an undersized batch.
                         await self._apply_resets()
                         continue
-                    await self._step_once()
+                    await self._step_once(*ready)
             except BaseException as exc:
                 self.failed = exc
                 for entry in self.table.slots:  # nobody waits forever on a dead scheduler
@@ -200,22 +216,37 @@ class Scheduler:
             for e in self.table.slots
         )
 
-    async def _wait_for_work(self) -> None:
+    def _view(self) -> SchedulerView:
+        # The policies read a slot's two oldest completion times (the queue is in completion
+        # order): a client far ahead of real time must not cost a long tuple per wake-up.
+        return SchedulerView(
+            slots=tuple(
+                SlotView(
+                    e.index,
+                    active=e.active,
+                    reset_pending=e.pending_reset is not None,
+                    frames=tuple(e.frames[i].submitted_at for i in range(min(2, len(e.frames)))),
+                )
+                for e in self.table.slots
+            ),
+            recent_steps=tuple(self._recent_steps),
+            state=self._policy_state,
+        )
+
+    async def _wait_for_work(self) -> tuple[SchedulerView, StepNow] | None:
+        """The next step (with the view it was decided on), or None when resets are due."""
         while True:
             if self._needs_admin():
-                return
-            steppable = [e for e in self.table.slots if self._steppable(e)]
-            waiting = [e for e in steppable if e.frames]
-            if waiting:
-                if len(waiting) == len(steppable):
-                    return
-                deadline = min(e.frames[0].submitted_at for e in waiting) + self.max_batch_wait
-                if self.clock.now() >= deadline:
-                    return
-                with trio.move_on_at(deadline):
-                    await self._wake.wait()
-            else:
+                return None
+            view = self._view()
+            decision = self.policy.decide(self.clock.now(), view)
+            if isinstance(decision, StepNow):
+                return view, decision
+            if math.isinf(decision.at):
                 await self._wake.wait()
+            else:
+                with trio.move_on_at(decision.at):
+                    await self._wake.wait()
             self._wake = trio.Event()
 
     async def _apply_resets(self) -> None:
@@ -258,22 +289,28 @@ class Scheduler:
         if done is not None:
             done.set()
 
-    async def _step_once(self) -> None:
+    async def _step_once(self, view: SchedulerView, decision: StepNow) -> None:
         batch: dict[int, npt.NDArray[np.float32]] = {}
         routes: list[tuple[int, Occupant, int, int]] = []
         now = self.clock.now()
-        for entry in self.table.slots:
-            if not self._steppable(entry) or not entry.frames:
-                continue
+        for index in decision.slots:
+            entry = self.table.slots[index]
+            assert self._steppable(entry) and entry.frames, "the policy picked a slot it saw"
             frame = entry.frames.popleft()
             assert entry.occupant is not None
             batch[entry.index] = frame.samples
             routes.append((entry.index, entry.occupant, entry.epoch, frame.frame_index))
-            if now - frame.submitted_at > FRAME_MS / 1000:
+            waited = max(0.0, now - frame.submitted_at)
+            self._wait_sum += waited
+            self._wait_hist[_bucket(WAIT_BUCKETS, waited)] += 1
+            if waited > FRAME_MS / 1000:
                 self._late += 1
         if not batch:
             return
         started = self.clock.now()
+        self._policy_state = self.policy.after_step(self._policy_state, view, decision, started)
+        if decision.kind == "catchup":
+            self._catchups += 1
         try:
             outputs: Mapping[int, StepOutput] = await self.executor.run(lambda: self.engine.step(batch))
         except Exception as exc:
@@ -289,13 +326,23 @@ class Scheduler:
                 occupant.step_failed(exc)
             return
         elapsed = self.clock.now() - started
+        self._recent_steps.append(elapsed)
         self._ticks += 1
         self._frames += len(batch)
         self._step_sum += elapsed
         self._batch_sizes[len(batch)] += 1
-        for i, bound in enumerate(STEP_BUCKETS):
-            if elapsed <= bound:
-                self._step_hist[i] += 1
-                break
+        self._step_hist[_bucket(STEP_BUCKETS, elapsed)] += 1
         for index, occupant, epoch, frame_index in routes:
             occupant.deliver_nowait(StepResult(epoch, frame_index, outputs[index]))
+
+
+def _bucket(bounds: tuple[float, ...], value: float) -> int:
+    return next(i for i, bound in enumerate(bounds) if value <= bound)
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> tuple[tuple[float, int], ...]:
+    running, out = 0, []
+    for bound, count in zip(bounds, counts, strict=True):
+        running += count
+        out.append((bound, running))
+    return tuple(out)
