@@ -53,7 +53,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +163,7 @@ def wait_quiet(
 class Server:
     """One ``duplex-actors serve`` subprocess (tiny model, one torch thread)."""
 
-    def __init__(self, model: str, slots: int, workdir: Path, name: str) -> None:
+    def __init__(self, model: str, slots: int, workdir: Path, name: str, extra: Sequence[str] = ()) -> None:
         self.slots = slots
         self.port = free_port()
         self.dir = workdir / name
@@ -173,6 +173,7 @@ class Server:
             sys.executable, "-m", "duplex_actors.cli", "serve", "--model", model,
             "--max-sessions", str(slots), "--port", str(self.port), "--host", "127.0.0.1",
             "--log-dir", str(self.dir / "sessions"), "--torch-threads", "1", "--drain-timeout", "3",
+            *extra,
         ]  # fmt: skip
         self._log = open(self.log_path, "wb")
         self.started = time.perf_counter()
