@@ -344,12 +344,26 @@ class OpusPool:
             )
 
     async def _write(self, worker: _Worker) -> None:
+        ended = False
         async with worker.requests_out:
             async for frame in worker.requests_out:
+                # Coalesce what is queued into one write: one syscall (and one trio wait) for
+                # the requests of every session that asked in the same tick.
+                batch = [frame]
+                while True:
+                    try:
+                        batch.append(worker.requests_out.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                    except trio.EndOfChannel:
+                        ended = True
+                        break
                 try:
-                    await worker.stdin.send_all(frame)
+                    await worker.stdin.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # the reader sees the EOF and fails the worker
+                if ended:
+                    break
         # The pool is closing (or the worker was lost): EOF on stdin ends the worker.
         with trio.CancelScope(shield=True):
             await worker.stdin.aclose()
