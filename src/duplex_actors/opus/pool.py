@@ -54,6 +54,7 @@ __all__ = [
     "OpusPool",
     "OpusPoolStats",
     "OpusStream",
+    "OpusUndecodable",
     "OpusWorkerStats",
     "default_opus_workers",
     "open_opus_pool",
@@ -316,6 +317,10 @@ class OpusPool:
                 log.error("Opus worker %d failed to start (%s); retrying", index, exc)
                 await trio.sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
                 continue
+            if self.closing:  # the pool closed while this one started
+                with trio.CancelScope(shield=True):
+                    await _stop_process(worker.process, kill=True)
+                return
             self._workers[index] = worker
             self._wake()
             if first:
