@@ -185,7 +185,9 @@ def main() -> None:
         f"in-process, 1 session x {a.frames} frames (process_time): encode {local['encode_mean']:.3f} ms, "
         f"decode {local['decode_mean']:.3f} ms, encode+decode {local['total_mean']:.3f} ms per session-frame"
     )
-    results = {paced: trio.run(through_pool, x, a.workers, a.sessions, a.seconds, paced) for paced in (True, False)}
+    results = {
+        paced: trio.run(through_pool, x, a.workers, a.sessions, a.seconds, paced) for paced in (True, False)
+    }
     for paced, r in results.items():
         label = "paced (real time)" if paced else "flat out"
         print(
