@@ -124,16 +124,20 @@ class _ByteReader:
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        self._pos = 0  # consumed prefix, dropped only before the next read (no memmove per frame)
 
     async def read_exact(self, n: int) -> bytearray | None:
         """``n`` bytes, or None at EOF."""
-        while len(self._buffer) < n:
+        while len(self._buffer) - self._pos < n:
+            if self._pos:
+                del self._buffer[: self._pos]
+                self._pos = 0
             chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
             if not chunk:
                 return None
             self._buffer += chunk
-        out = self._buffer[:n]
-        del self._buffer[:n]
+        out = self._buffer[self._pos : self._pos + n]
+        self._pos += n
         return out
 
 
