@@ -15,6 +15,11 @@ to it and talks to the server over its pipes (:mod:`.wire`).
         await stream.aclose()
         pool.stats()                               # per-worker sessions, restarts, CPU (/metrics)
 
+In the server, ``await server.get_opus_pool()`` (:class:`~duplex_actors.server.DuplexServer`)
+starts the pool on first use, sized by ``--opus-workers`` / ``DUPLEX_OPUS_WORKERS`` (default
+:func:`default_opus_workers`), and stops it with the server; ``server.opus_pool`` is None until
+then (``/metrics`` shows ``duplex_opus_*`` once it runs).
+
 - One op in flight per stream: concurrent calls on one stream (the dialect's receive task
   decoding, its send task encoding) are served one after the other, in arrival order.
 - Bounded queues: a worker has at most ``queue_depth`` requests outstanding (written to its pipe
