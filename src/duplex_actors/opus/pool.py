@@ -300,23 +300,30 @@ class OpusPool:
         return [w.pid for w in self._workers if w is not None and w.alive]
 
     # -- workers ---------------------------------------------------------------------------------
-    async def _spawn(self, index: int) -> _Worker:
+    async def _launch(self, index: int) -> _Worker:
         process = await trio.lowlevel.open_process(
             list(WORKER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_worker_env()
         )
-        worker = _Worker(index, process, self.queue_depth)
+        return _Worker(index, process, self.queue_depth)
+
+    async def _ready(self, worker: _Worker) -> None:
+        """Wait for the worker's ready frame (its imports done); kill it on failure."""
         try:
             with trio.fail_after(START_TIMEOUT_S):
                 header = await worker.reader.read_exact(wire.RESPONSE.size)
                 if header is None:
-                    raise RuntimeError(f"Opus worker {index} exited before it was ready")
+                    raise RuntimeError(f"Opus worker {worker.index} exited before it was ready")
                 request_id, _, _, length = wire.RESPONSE.unpack(header)
                 if request_id != wire.READY_ID or await worker.reader.read_exact(length) is None:
-                    raise RuntimeError(f"Opus worker {index} sent no ready frame")
+                    raise RuntimeError(f"Opus worker {worker.index} sent no ready frame")
         except BaseException:
             with trio.CancelScope(shield=True):
-                await _stop_process(process, kill=True)
+                await _stop_process(worker.process, kill=True)
             raise
+
+    async def _spawn(self, index: int) -> _Worker:
+        worker = await self._launch(index)
+        await self._ready(worker)
         return worker
 
     async def _run_worker(self, worker: _Worker) -> None:
@@ -502,16 +509,19 @@ async def open_opus_pool(workers: int | None = None, *, queue_depth: int = 64) -
     count = default_opus_workers() if workers is None else workers
     pool = OpusPool(count, queue_depth)
     # Started before the nursery, so that a failure is raised as itself, not in an exception group.
+    # All launched first, then awaited: their imports (~0.6 s each) run in parallel.
     spawned: list[_Worker] = []
     try:
         for index in range(count):
-            spawned.append(await pool._spawn(index))
+            spawned.append(await pool._launch(index))
+        for worker in spawned:
+            await pool._ready(worker)
     except BaseException as exc:
         with trio.CancelScope(shield=True):
             for worker in spawned:
                 await _stop_process(worker.process, kill=True)
         if isinstance(exc, (OSError, RuntimeError, trio.TooSlowError)):
-            raise OpusPoolUnavailable(f"could not start Opus codec worker {len(spawned)}: {exc}") from exc
+            raise OpusPoolUnavailable(f"could not start the Opus codec workers: {exc}") from exc
         raise
     async with trio.open_nursery() as nursery:
         for worker in spawned:
