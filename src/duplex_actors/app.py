@@ -139,6 +139,7 @@ class ModelHolder:
                 limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
                 outbox_size=cfg.outbox_events,
                 tick_policy=cfg.tick_policy,
+                opus_workers=cfg.opus_workers,
             ) as server,
             trio.open_nursery() as nursery,
         ):
@@ -311,6 +312,7 @@ async def metrics() -> Any:
         sessions_active=len(server.sessions) if server is not None else 0,
         recovered_logs=len(server.recovered_logs) if server is not None else 0,
         uploader=holder.uploader,
+        opus=server.opus_pool.stats() if server is not None and server.opus_pool is not None else None,
     )
     return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 

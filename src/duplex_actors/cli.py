@@ -40,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
     from hypercorn.trio import serve
 
     from .app import create_app
-    from .config import ServerConfig
+    from .config import ServerConfig, _parse
     from .web.hardening import HardenedConfig
 
     config = ServerConfig(
@@ -65,6 +65,11 @@ def _serve(args: argparse.Namespace) -> int:
         admission_refusal=args.admission_refusal,
         log_upload=args.log_upload,
         s3_endpoint_url=args.s3_endpoint_url,
+        opus_workers=(
+            args.opus_workers
+            if args.opus_workers is not None
+            else _parse(os.environ, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
+        ),
     )
     hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]
@@ -203,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         "session has a frame, else 20 ms after the first), 'deadline' (the window stretched to "
         "80 ms minus the p90 step), 'grid' (one step per 80 ms tick on a fixed grid); "
         "env DUPLEX_TICK_POLICY",
+    )
+    serve.add_argument(
+        "--opus-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Opus codec processes for /api/chat sessions, started on the first one "
+        "(default: DUPLEX_OPUS_WORKERS, else half the CPUs, 1 to 4)",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
