@@ -307,8 +307,11 @@ class DuplexServer:
             slot = self.scheduler.admit(_Pending())
         try:
             session_log = self.writer.create(session_id)
-        except Exception:
+        except Exception as exc:
             self.scheduler.table.free_slot(self.scheduler.table.slots[slot])
+            if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+                # A full or unwritable log dir: the writer stops admissions until a probe works.
+                raise LogUnavailable(f"the session log cannot be created: {exc}") from exc
             raise
         actor = SessionActor(
             core,
@@ -460,13 +463,15 @@ async def open_duplex_server(
     log_max_age_s: float | None = None,
     log_max_bytes: int | None = None,
     retention_interval_s: float = 60.0,
+    log_probe_interval_s: float = 5.0,
 ) -> AsyncIterator[DuplexServer]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
     ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
     and log I/O inline instead of in worker threads. ``session_ids`` makes ids (random by
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
-    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
+    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``. While
+    the log dir cannot be written, it is probed every ``log_probe_interval_s``.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -474,7 +479,9 @@ async def open_duplex_server(
     io = io_executor(clock)
     recovered = await io.run(partial(recover_logs, log_dir))
     description = await io.run(engine.describe)
-    async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
+    async with open_log_writer(
+        log_dir, fsync=fsync, inline_io=clock.virtual, probe_interval_s=log_probe_interval_s
+    ) as writer:
         async with trio.open_nursery() as nursery:
             scheduler = Scheduler(engine, clock=clock, max_batch_wait_ms=max_batch_wait_ms)
             await nursery.start(scheduler.run)
