@@ -52,10 +52,19 @@ def test_a_probe_that_raced_a_failure_does_not_reopen() -> None:
 def test_probe_dir_writes_syncs_and_removes_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[int] = []
     real = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
     assert probe_dir(tmp_path) is None
     assert len(synced) == 1 and list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "injected")))
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
     error = probe_dir(tmp_path)
     assert isinstance(error, OSError) and error.errno == errno.EIO
     assert not any(p.name.startswith(PROBE_PREFIX) for p in tmp_path.iterdir())
@@ -142,7 +151,12 @@ async def test_wait_durable_returns_after_the_commit_and_raises_if_it_failed(
     real = os.fdatasync
     async with open_log_writer(tmp_path) as writer:
         log = writer.create("a")
-        monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+
+        def counted(fd: int) -> None:
+            synced.append(fd)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", counted)
         seq = log.append_nowait(r.Heartbeat())
         assert log.durable_seq < seq
         with trio.fail_after(5):

@@ -120,7 +120,9 @@ async def test_an_acknowledgement_waits_for_its_records_commit(command: r.Record
         assert h.log.records[-1] == command
         h.log.commit()
         got = await h.received()
-        assert [type(e) for e in got] == [ack] and got[0].client_event_id == "c1"  # type: ignore[attr-defined]
+        assert [type(e) for e in got] == [ack]
+        assert isinstance(got[0], ev.HeartbeatAck | ev.PlaybackAcknowledged | ev.SessionUpdated)
+        assert got[0].client_event_id == "c1"
         nursery.cancel_scope.cancel()
 
 
