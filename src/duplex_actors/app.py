@@ -101,7 +101,7 @@ class ModelHolder:
         )
         if self.faults.active:
             log.warning("DUPLEX_FAULTS is set: faults will be injected (%s)", self.faults)
-            self.faults.install_fsync_fault()
+            self.faults.install_log_faults()
             return FaultyEngine(engine, self.faults)
         return engine
 
@@ -136,6 +136,7 @@ class ModelHolder:
                 log_dir=cfg.log_dir,
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
+                log_probe_interval_s=cfg.log_probe_interval_s,
                 limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
                 outbox_size=cfg.outbox_events,
                 tick_policy=cfg.tick_policy,

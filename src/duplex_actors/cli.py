@@ -53,6 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         log_max_age_s=args.log_max_age,
         log_max_bytes=args.log_max_bytes,
+        log_probe_interval_s=args.log_probe_interval,
         api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None,
         allowed_origins=tuple(args.allowed_origin),
         idle_timeout_s=args.idle_timeout,
@@ -171,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="BYTES",
         help="keep the log directory under this size",
+    )
+    serve.add_argument(
+        "--log-probe-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="after a log write fails, re-probe the log dir this often; admit again once it works (default 5)",
     )
     serve.add_argument(
         "--api-key", default=None, help="require this key (Bearer or subprotocol); or DUPLEX_API_KEY"

@@ -42,6 +42,7 @@ class ServerConfig:
     log_dir: str = "sessions"
     log_max_age_s: float | None = None
     log_max_bytes: int | None = None
+    log_probe_interval_s: float = 5.0
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     idle_timeout_s: float = 300.0
@@ -106,6 +107,7 @@ class ServerConfig:
             log_dir=env.get("DUPLEX_LOG_DIR", default.log_dir),
             log_max_age_s=_parse(env, "DUPLEX_LOG_MAX_AGE", float, "a number of seconds"),
             log_max_bytes=_parse(env, "DUPLEX_LOG_MAX_BYTES", int, "an integer (bytes)"),
+            log_probe_interval_s=number("DUPLEX_LOG_PROBE_INTERVAL", default.log_probe_interval_s),
             api_key=env.get("DUPLEX_API_KEY") or None,
             allowed_origins=tuple(
                 o.strip() for o in env.get("DUPLEX_ALLOWED_ORIGINS", "").split(",") if o.strip()

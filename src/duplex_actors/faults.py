@@ -7,6 +7,9 @@ Each fault is armed by a trigger file, so a test decides exactly when it fires::
 - ``step_raise=PATH``: when PATH exists, the next model step raises (PATH is removed: one tick).
 - ``step_stall=PATH:MS``: while PATH exists, every model step first sleeps MS milliseconds.
 - ``fsync_error=PATH``: while PATH exists, every ``fdatasync`` of a session log fails with EIO.
+- ``fsync_stall=PATH:MS``: while PATH exists, every ``fdatasync`` first sleeps MS milliseconds.
+- ``log_create_error=PATH[:ERRNO]``: while PATH exists, creating a file in the log dir (a session
+  log, the writer's probe) fails with ERRNO (a name such as ENOSPC, EACCES; default ENOSPC).
 - ``handler_raise=PATH``: when PATH exists, the next client message makes its connection
   handler raise (PATH is removed).
 
@@ -55,11 +58,23 @@ class Faults:
     stall_ms: float = 0.0
     fsync_error: Path | None = None
     handler_raise: Path | None = None
+    fsync_stall: Path | None = None
+    fsync_stall_ms: float = 0.0
+    log_create_error: Path | None = None
+    log_create_errno: int = errno.ENOSPC
 
     @property
     def active(self) -> bool:
         return any(
-            p is not None for p in (self.step_raise, self.step_stall, self.fsync_error, self.handler_raise)
+            p is not None
+            for p in (
+                self.step_raise,
+                self.step_stall,
+                self.fsync_error,
+                self.handler_raise,
+                self.fsync_stall,
+                self.log_create_error,
+            )
         )
 
     @classmethod
@@ -73,6 +88,21 @@ class Faults:
                     fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
                 except ValueError:
                     raise ConfigError(f"DUPLEX_FAULTS: step_stall wants PATH:MS, got {value!r}") from None
+            elif name == "fsync_stall":
+                path, _, ms = value.rpartition(":")
+                try:
+                    fields["fsync_stall"], fields["fsync_stall_ms"] = Path(path), float(ms)
+                except ValueError:
+                    raise ConfigError(f"DUPLEX_FAULTS: fsync_stall wants PATH:MS, got {value!r}") from None
+            elif name == "log_create_error" and value:
+                path, sep, code = value.rpartition(":")
+                if sep and code.isupper():
+                    number = getattr(errno, code, None)
+                    if not isinstance(number, int):
+                        raise ConfigError(f"DUPLEX_FAULTS: log_create_error: unknown errno {code!r}")
+                    fields["log_create_error"], fields["log_create_errno"] = Path(path), number
+                else:
+                    fields["log_create_error"] = Path(value)
             elif name in ("step_raise", "fsync_error", "handler_raise") and value:
                 fields[name] = Path(value)
             else:
@@ -93,19 +123,46 @@ class Faults:
         if _take(self.handler_raise):
             raise InjectedFault("injected handler failure (DUPLEX_FAULTS handler_raise)")
 
+    def install_log_faults(self) -> None:
+        """Install the armed log faults (process-wide): fdatasync errors and stalls, log file
+        creation errors."""
+        self.install_fsync_fault()
+        self._install_create_fault()
+
     def install_fsync_fault(self) -> None:
-        """Make session-log fdatasync fail while the trigger file exists (process-wide)."""
-        trigger = self.fsync_error
-        if trigger is None:
+        """Make session-log fdatasync fail (``fsync_error``) or stall (``fsync_stall``) while
+        the trigger file exists (process-wide)."""
+        trigger, stall = self.fsync_error, self.fsync_stall
+        if trigger is None and stall is None:
             return
         real = os.fdatasync
+        stall_s = self.fsync_stall_ms / 1000
 
         def fdatasync(fd: int) -> None:
-            if trigger.exists():
+            if stall is not None and stall.exists():
+                time.sleep(stall_s)
+            if trigger is not None and trigger.exists():
                 raise OSError(errno.EIO, "injected fdatasync failure (DUPLEX_FAULTS fsync_error)")
             real(fd)
 
         os.fdatasync = fdatasync  # type: ignore[assignment]
+
+    def _install_create_fault(self) -> None:
+        trigger, code = self.log_create_error, self.log_create_errno
+        if trigger is None:
+            return
+        from .log import writer
+
+        real = writer._create_file
+
+        def create_file(path: Path) -> int:
+            if trigger.exists():
+                raise OSError(
+                    code, f"{os.strerror(code)} (injected: DUPLEX_FAULTS log_create_error)", str(path)
+                )
+            return real(path)
+
+        writer._create_file = create_file
 
 
 class FaultyEngine:

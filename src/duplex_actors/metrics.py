@@ -216,6 +216,25 @@ def render(
             "Session logs that failed to write (admissions stop).",
             [("", {}, ws.failed_logs)],
         )
+        out.metric(
+            "duplex_log_dir_available",
+            "gauge",
+            "1 while the log dir takes writes; 0 from a failed log write or create until a probe works "
+            "(admissions stop meanwhile).",
+            [("", {}, int(ws.dir_available))],
+        )
+        out.metric(
+            "duplex_log_dir_probe_failures_total",
+            "counter",
+            "Probes of an unavailable log dir (write + fdatasync + remove a small file) that failed.",
+            [("", {}, ws.dir_probe_failures)],
+        )
+        out.metric(
+            "duplex_log_dir_recoveries_total",
+            "counter",
+            "Times a probe found the log dir writable again and admissions resumed.",
+            [("", {}, ws.dir_recoveries)],
+        )
     if uploader is not None:
         _render_uploads(out, uploader.statistics())
     if opus is not None:

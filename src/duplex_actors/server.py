@@ -338,8 +338,11 @@ class DuplexServer:
             slot = self.scheduler.admit(_Pending())
         try:
             session_log = self.writer.create(session_id)
-        except Exception:
+        except Exception as exc:
             self.scheduler.table.free_slot(self.scheduler.table.slots[slot])
+            if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+                # A full or unwritable log dir: the writer stops admissions until a probe works.
+                raise LogUnavailable(f"the session log cannot be created: {exc}") from exc
             raise
         actor = SessionActor(
             core,
@@ -493,6 +496,7 @@ async def open_duplex_server(
     log_max_bytes: int | None = None,
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
+    log_probe_interval_s: float = 5.0,
 ) -> AsyncIterator[DuplexServer]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
@@ -502,6 +506,8 @@ async def open_duplex_server(
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
+    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``. While
+    the log dir cannot be written, it is probed every ``log_probe_interval_s``.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -509,7 +515,9 @@ async def open_duplex_server(
     io = io_executor(clock)
     recovered = await io.run(partial(recover_logs, log_dir))
     description = await io.run(engine.describe)
-    async with open_log_writer(log_dir, fsync=fsync, inline_io=clock.virtual) as writer:
+    async with open_log_writer(
+        log_dir, fsync=fsync, inline_io=clock.virtual, probe_interval_s=log_probe_interval_s
+    ) as writer:
         async with trio.open_nursery() as nursery:
             tick = make_policy(tick_policy, max_batch_wait_ms=max_batch_wait_ms)
             scheduler = Scheduler(engine, clock=clock, policy=tick)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from duplex_actors.log.retention import prune
@@ -54,3 +57,38 @@ def test_other_files_are_ignored(tmp_path: Path) -> None:
 def test_no_limits_delete_nothing(tmp_path: Path) -> None:
     make(tmp_path, "a.dlog", age_s=1e9, size=10**6)
     assert prune(tmp_path, max_age_s=None, max_bytes=None, now=NOW) == []
+
+
+HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_SH)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_log_another_process_holds_is_never_deleted(tmp_path: Path) -> None:
+    held = make(tmp_path, "held.dlog", age_s=10_000, size=100)
+    free = make(tmp_path, "free.dlog", age_s=10_000, size=100)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(held)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert prune(tmp_path, max_age_s=1, max_bytes=0, now=NOW) == [free]
+        assert held.exists()
+    finally:
+        holder.communicate("", timeout=10)  # EOF on stdin: it exits, the kernel drops its lock
+    assert prune(tmp_path, max_age_s=1, max_bytes=0, now=NOW) == [held]
+
+
+def test_a_log_this_process_holds_open_is_never_deleted(tmp_path: Path) -> None:
+    held = make(tmp_path, "held.dlog", age_s=10_000, size=100)
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # as the log writer does on every live log
+        assert prune(tmp_path, max_age_s=1, max_bytes=None, now=NOW) == []
+    finally:
+        os.close(fd)
+    assert prune(tmp_path, max_age_s=1, max_bytes=None, now=NOW) == [held]

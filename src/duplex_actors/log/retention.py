@@ -2,11 +2,16 @@
 
 Synchronous and small (a directory listing, ``stat`` and ``unlink``); a server runs it in a worker
 thread from time to time. Open sessions' files are passed in ``keep`` and are never deleted, but
-their size still counts toward ``max_bytes``.
+their size still counts toward ``max_bytes``. Nor is a file whose ``flock`` is held: every live
+session log holds a shared lock (``log.writer``), in this process or another one (a second server
+on the same dir, a tool); the prune takes an exclusive lock without waiting and deletes only
+while holding it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
 from collections.abc import Set
@@ -28,7 +33,8 @@ def prune(
 
     ``keep`` holds session ids (or file names) of open sessions. If the kept files alone exceed
     ``max_bytes`` every other file goes and the total stays over the limit. A file that vanishes
-    meanwhile is skipped.
+    meanwhile is skipped, and so is one whose lock another open file holds (it is kept, like
+    ``keep``).
     """
     logs: list[tuple[float, str, int, Path]] = []
     for entry in os.scandir(log_dir):
@@ -50,11 +56,32 @@ def prune(
         too_big = max_bytes is not None and total > max_bytes
         if not (too_old or too_big):
             continue
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        else:
+        gone = _unlink_unless_held(path)
+        if gone is None:
+            continue  # held open: kept, and it still counts toward max_bytes
+        if gone:
             deleted.append(path)
         total -= size
     return deleted
+
+
+def _unlink_unless_held(path: Path) -> bool | None:
+    """Delete ``path`` while holding its exclusive lock: True if deleted, False if it was already
+    gone, None if another open file holds its lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -11,14 +11,23 @@ event loop. Policies:
   Closes and flushes are never refused.
 * **A failed write or fsync is fatal for that log.** The error is kept in ``log.failed``, later appends
   raise :class:`LogFailed`, nothing is retried (after a failed fsync the kernel may already have
-  dropped the dirty pages, so a retry that succeeds would lie), and ``writer.healthy`` turns False for
-  good so the server can stop admitting sessions.
+  dropped the dirty pages, so a retry that succeeds would lie), and ``writer.healthy`` turns False
+  so the server stops admitting sessions. So does a log file that cannot be created.
+* **The dir is re-probed.** While unhealthy, every ``probe_interval_s`` the writer writes, fsyncs
+  and removes a small file in the log dir (:func:`probe_dir`); once one works with no failure
+  reported meanwhile, ``healthy`` is True again (``log.health`` decides). Logs that failed stay failed.
+* **Durability is observable.** :meth:`SessionLog.wait_durable` returns once a record is committed,
+  so a caller can hold an acknowledgement back until then.
+* **Live logs are locked.** Each open log file holds a shared ``flock`` for as long as the writer
+  has it open; retention (``log.retention``) skips a file whose lock it cannot take.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
+import logging
 import math
 import os
 import re
@@ -31,11 +40,42 @@ from typing import Final
 import attrs
 import trio
 
+from duplex_actors.log.health import LogDirHealth, Transition
 from duplex_actors.log.records import Record
 from duplex_actors.log.segment import MAGIC, SUFFIX, encode_record
 
 FSYNC_HISTORY: Final = 4096
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+PROBE_PREFIX: Final = ".probe-"
+
+log = logging.getLogger(__name__)
+
+
+def _create_file(path: Path) -> int:
+    """Create ``path`` (it must not exist) for appending; the one place log files are made, so
+    fault injection (``DUPLEX_FAULTS=log_create_error``) can replace it."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+def probe_dir(log_dir: Path) -> OSError | None:
+    """Write, fdatasync and remove a small file in ``log_dir``; the error, or None if it worked."""
+    path = log_dir / f"{PROBE_PREFIX}{os.getpid()}"
+    path.unlink(missing_ok=True)  # left by a probe that failed half-way
+    try:
+        fd = _create_file(path)
+        try:
+            data = memoryview(b"duplex-actors log dir probe\n")
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return exc
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+    return None
 
 
 class LogBackpressure(Exception):
@@ -65,6 +105,9 @@ class LogWriterStatistics:
     open_logs: int
     failed_logs: int
     records_dropped: int
+    dir_available: bool = True
+    dir_probe_failures: int = 0
+    dir_recoveries: int = 0
 
     def fsync_percentile(self, q: float) -> float | None:
         """The ``q``-th percentile (0-100, nearest rank) of the recorded fsync durations, in seconds."""
@@ -85,6 +128,7 @@ class SessionLog:
         self._fd = fd
         self._next_seq = 0
         self._durable_seq = -1
+        self._durable = trio.Event()  # set (and replaced) whenever durable_seq moves or the log ends
         self._closing = False
         self._closed = trio.Event()
         self.failed: OSError | None = None
@@ -128,6 +172,23 @@ class SessionLog:
         """Return once the writer's queue has room for a record, or the writer is shut down
         (the next :meth:`append_nowait` then says why it cannot take one)."""
         await self._writer._wait_for_room()
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once record ``seq`` is written (and fsynced, with ``fsync=True``).
+
+        Raises :class:`LogFailed` if the log failed first, :class:`LogClosed` if it ended without
+        that record (the writer shut down).
+        """
+        while self._durable_seq < seq:
+            self._raise_if_failed()
+            if self.closed:
+                raise LogClosed(f"session log {self.session_id} closed before record {seq}")
+            await self._durable.wait()
+        await trio.lowlevel.checkpoint()
+
+    def _durable_moved(self) -> None:
+        self._durable.set()
+        self._durable = trio.Event()
 
     async def wait_closed(self) -> None:
         """Return once every appended record is written (and fsynced) and the file is closed.
@@ -230,9 +291,12 @@ class LogWriter:
         max_queued: int,
         io_threads: int,
         on_failure: Callable[[SessionLog, OSError], None] | None,
+        probe_interval_s: float = 5.0,
     ) -> None:
         if max_queued < 1 or io_threads < 1:
             raise ValueError("max_queued and io_threads must be at least 1")
+        if not probe_interval_s > 0:
+            raise ValueError("probe_interval_s must be positive")
         self.log_dir: Final = log_dir
         self._fsync = fsync
         self._inline_io = inline_io
@@ -255,11 +319,21 @@ class LogWriter:
         self._fsync_durations: collections.deque[float] = collections.deque(maxlen=FSYNC_HISTORY)
         self._failed_logs = 0
         self._records_dropped = 0
+        self._health = LogDirHealth()
+        self._probe_interval_s = probe_interval_s
+        self._unavailable = trio.Event()  # set while the dir is unavailable: wakes the probe loop
+        self._probe_scope = trio.CancelScope()
 
     @property
     def healthy(self) -> bool:
-        """False for good once any log has failed: stop admitting sessions."""
-        return self._failed_logs == 0
+        """False from a log's failure (or a file that could not be created) until a probe of the
+        log dir works again: stop admitting sessions meanwhile."""
+        return self._health.available
+
+    @property
+    def last_error(self) -> str | None:
+        """The last write, fsync, create or probe error of the log dir, if any."""
+        return self._health.last_error
 
     @property
     def failed_logs(self) -> int:
@@ -278,6 +352,9 @@ class LogWriter:
             open_logs=len(self._open),
             failed_logs=self._failed_logs,
             records_dropped=self._records_dropped,
+            dir_available=self._health.available,
+            dir_probe_failures=self._health.probe_failures,
+            dir_recoveries=self._health.recoveries,
         )
 
     def path_for(self, session_id: str) -> Path:
@@ -286,19 +363,36 @@ class LogWriter:
         return self.log_dir / f"{session_id}{SUFFIX}"
 
     def create(self, session_id: str) -> SessionLog:
-        """Create ``<session_id>.dlog`` (it must not exist: FileExistsError) and return its handle."""
+        """Create ``<session_id>.dlog`` (it must not exist: FileExistsError) and return its handle.
+
+        Any other OSError (a full or unwritable dir) counts as a failed log: ``healthy`` turns
+        False until a probe works again; the error is raised.
+        """
         if self._shut_down:
             raise LogClosed("the log writer is shut down")
         path = self.path_for(session_id)
         # The open and the 8-byte magic only touch the page cache; durability comes with the first batch.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            fd = _create_file(path)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            self._failed_logs += 1
+            self._note_failure(exc, f"creating {path.name}")
+            raise
         try:
             if os.write(fd, MAGIC) != len(MAGIC):
                 raise OSError(f"short write of the magic to {path}")
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             path.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                self._failed_logs += 1
+                self._note_failure(exc, f"writing {path.name}")
             raise
+        # Retention never deletes a file whose lock it cannot take (this process's or another's).
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         log = SessionLog(self, session_id, path, fd)
         self._open.add(log)
         self._created_since_dir_sync.append(log)
@@ -441,12 +535,14 @@ class LogWriter:
             self._records_written += job.records
             self._bytes_written += len(job.data)
             log._durable_seq = job.last_seq
+            log._durable_moved()
         if job.fsync_s is not None:
             self._fsyncs += 1
             self._fsync_durations.append(job.fsync_s)
         if job.close:
             self._open.discard(log)
             log._closed.set()
+            log._durable_moved()
 
     def _fail(self, log: SessionLog, error: OSError) -> None:
         if log.failed is not None:
@@ -460,8 +556,41 @@ class LogWriter:
         # A failed log holds no file any more: wait_closed() returns (by raising LogFailed).
         self._open.discard(log)
         log._closed.set()
+        log._durable_moved()
+        self._note_failure(error, f"session log {log.session_id}")
         if self._on_failure is not None:
             self._on_failure(log, error)
+
+    def _note_failure(self, error: OSError, what: str) -> None:
+        if self._health.failed(error) is Transition.UNAVAILABLE:
+            self._unavailable.set()
+            log.error(
+                "log dir %s unavailable (%s: %s): not admitting sessions; re-probing every %g s",
+                self.log_dir,
+                what,
+                error,
+                self._probe_interval_s,
+            )
+
+    async def _probe_loop(self) -> None:
+        """While the dir is unavailable, probe it every ``probe_interval_s``; reopen on success."""
+        with self._probe_scope:
+            while True:
+                await self._unavailable.wait()
+                await trio.sleep(self._probe_interval_s)
+                token = self._health.probe_started()
+                if self._inline_io:
+                    error = probe_dir(self.log_dir)
+                else:
+                    error = await trio.to_thread.run_sync(probe_dir, self.log_dir)
+                if self._health.probed(token, error) is Transition.AVAILABLE:
+                    self._unavailable = trio.Event()
+                    log.warning(
+                        "log dir %s writable again (probe: write + fdatasync + remove): admitting sessions",
+                        self.log_dir,
+                    )
+                elif error is not None:
+                    log.debug("log dir %s: probe failed: %s", self.log_dir, error)
 
     async def _close_remaining(self) -> None:
         """At shutdown: close the files of logs nobody closed (their records are all written)."""
@@ -472,6 +601,7 @@ class LogWriter:
 
     def _shutdown(self) -> None:
         self._shut_down = True
+        self._probe_scope.cancel()
         self._send.close()
         self._room_made()  # nobody waits for room in a queue that takes no more
 
@@ -485,6 +615,7 @@ async def open_log_writer(
     max_queued: int = 4096,
     io_threads: int = 4,
     on_failure: Callable[[SessionLog, OSError], None] | None = None,
+    probe_interval_s: float = 5.0,
 ) -> AsyncIterator[LogWriter]:
     """Run a :class:`LogWriter` for the body of the ``async with``; one per process.
 
@@ -493,6 +624,7 @@ async def open_log_writer(
     ``MockClock`` (which jumps while a thread works). ``on_failure(log, error)`` is called from the
     writer task when a log fails; it must not raise. On exit everything queued is committed and
     every file still open is closed; appends after that raise :class:`LogClosed`.
+    ``probe_interval_s``: how often an unavailable log dir is probed.
     """
     path = Path(log_dir)
     path.mkdir(parents=True, exist_ok=True)
@@ -503,9 +635,11 @@ async def open_log_writer(
         max_queued=max_queued,
         io_threads=io_threads,
         on_failure=on_failure,
+        probe_interval_s=probe_interval_s,
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer._run)
+        nursery.start_soon(writer._probe_loop)
         try:
             yield writer
         finally:

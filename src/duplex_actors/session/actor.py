@@ -1,7 +1,9 @@
 """The session actor: one Trio task per session, a thin shell around the session core.
 
 For each item of its inbox (a client command or a step result) it builds the log record,
-appends it to the session log *first*, applies it to the core, then carries out the effects:
+appends it to the session log *first*, applies it to the core, then carries out the effects
+(a control command that the client gets an acknowledgement of, see ``ACKNOWLEDGED``, is applied
+only once its record is committed, so no acknowledgement goes out ahead of its record):
 submit frames and resets to the scheduler (never blocking), emit events to a bounded outbox
 (never blocking: a consumer that falls behind by ``outbox_size`` events is closed with
 ``slow_consumer``), and release the slot on close. It never awaits a socket or the model.
@@ -29,6 +31,12 @@ log = logging.getLogger(__name__)
 # How long a record may wait for room in the log writer's queue before the session ends.
 LOG_ROOM_TIMEOUT_S = 2.0
 
+# Records whose events acknowledge a client's control command (``session.updated``,
+# ``session.heartbeat_ack``, ``playback.acknowledged``): applied, so acknowledged, only once the
+# record is durable. Waiting here keeps the events in log order (replay stays byte-identical);
+# audio deltas (step records) do not wait for their own commit.
+ACKNOWLEDGED: tuple[type[r.Record], ...] = (r.Update, r.Heartbeat, r.PlaybackAck)
+
 
 class SessionLogHandle(Protocol):
     """One session's log as the actor sees it (``duplex_actors.log.writer.SessionLog``)."""
@@ -43,8 +51,13 @@ class SessionLogHandle(Protocol):
         """The write or fsync error that ended the log, if any: nothing more can be written."""
         ...
 
-    def append_nowait(self, record: r.Record) -> object:
-        """Queue a record; raises ``LogBackpressure`` when the writer's queue is full."""
+    def append_nowait(self, record: r.Record) -> int:
+        """Queue a record and return its sequence number; raises ``LogBackpressure`` when the
+        writer's queue is full."""
+        ...
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once record ``seq`` is committed; raises if the log failed or closed first."""
         ...
 
     async def wait_for_room(self) -> None:
@@ -152,22 +165,23 @@ class SessionActor:
             with trio.CancelScope(shield=True):
                 await self._finish()
 
-    async def _append(self, record: r.Record) -> None:
+    async def _append(self, record: r.Record) -> int:
         """Queue a record for the log; when the writer's shared queue is full, wait (at most
         ``LOG_ROOM_TIMEOUT_S``) for the writer to make room rather than failing the session."""
         with trio.move_on_after(LOG_ROOM_TIMEOUT_S):
             while True:
                 try:
-                    self.log.append_nowait(record)
-                    return
+                    return self.log.append_nowait(record)
                 except LogBackpressure:
                     await self.log.wait_for_room()
-        self.log.append_nowait(record)  # still full: LogBackpressure ends the session
+        return self.log.append_nowait(record)  # still full: LogBackpressure ends the session
 
     async def _handle(self, record: r.Record) -> None:
         if self.log_error is None:
             try:
-                await self._append(record)
+                seq = await self._append(record)
+                if isinstance(record, ACKNOWLEDGED):
+                    await self.log.wait_durable(seq)
             except Exception as exc:  # the log cannot be written: end the session, say why
                 self.log_error = exc
                 log.error("session %s: log unavailable: %s", self.session_id, exc)
