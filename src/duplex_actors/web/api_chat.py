@@ -130,7 +130,6 @@ class ApiChatConnection(Connection):
         dialect: ApiChatDialect,
         idle_timeout_s: float,
         counters: Counters,
-        opus_pool: OpusPool | None,
         faults: Faults | None = None,
         reservation: SlotReservation | None = None,
     ) -> None:
@@ -144,7 +143,6 @@ class ApiChatConnection(Connection):
             reservation=reservation,
         )
         self.chat = dialect
-        self.opus_pool = opus_pool
         self.stream: OpusStream | None = None
         self.ready = False  # the handshake is sent: audio from now on reaches the session
         self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
@@ -159,9 +157,8 @@ class ApiChatConnection(Connection):
     async def run(self, opening: Opening | None = None) -> None:
         # The stream first: the reader feeds it from the first message (header pages).
         try:
-            if self.opus_pool is None:
-                raise RuntimeError("the Opus codec pool is not running")
-            self.stream = await self.opus_pool.open_stream()
+            pool: OpusPool = await self.server.get_opus_pool()  # started on first use
+            self.stream = await pool.open_stream()
         except Exception as exc:
             log.error("no Opus stream for an /api/chat connection: %s", exc)
             await self.refuse(errors.INTERNAL_ERROR, "the audio codec is unavailable", 1011)
