@@ -73,6 +73,11 @@ def tone(seconds: float, hz: float = 330.0, amp: float = 0.3) -> np.ndarray:
     return (amp * np.sin(2 * np.pi * hz * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
 
 
+def as_bytes(message: str | bytes) -> bytes:
+    assert isinstance(message, bytes), f"a text frame from the server: {message!r}"
+    return message
+
+
 def rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if x.size else 0.0
 
@@ -134,7 +139,7 @@ async def collect(ws: WebSocketConnection, into: Received, *, until_audio: int |
     """Read until the socket closes (or ``until_audio`` audio messages arrived)."""
     try:
         while until_audio is None or len(into.audio()) < until_audio:
-            into.messages.append(bytes(await ws.get_message()))
+            into.messages.append(as_bytes(await ws.get_message()))
     except ConnectionClosed as closed:
         assert closed.reason is not None
         into.code, into.reason = closed.reason.code, closed.reason.reason
@@ -142,7 +147,7 @@ async def collect(ws: WebSocketConnection, into: Received, *, until_audio: int |
 
 async def handshake(ws: WebSocketConnection, timeout: float = 15.0) -> bytes:
     with trio.fail_after(timeout):
-        return bytes(await ws.get_message())
+        return as_bytes(await ws.get_message())
 
 
 async def refused(target: str) -> Received:
@@ -294,7 +299,7 @@ async def test_keepalive_ping_when_the_client_sends_nothing(chat_server):
     async with chat(url(chat_server)) as ws:
         assert await handshake(ws) == b"\x00"
         with trio.fail_after(7):  # KEEPALIVE_S is 4: well inside the UIs' 10 s
-            assert bytes(await ws.get_message()) == b"\x06"
+            assert as_bytes(await ws.get_message()) == b"\x06"
 
 
 # -- refusals -------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ class OpusPool(Protocol):
 
 
 def _codec_errors() -> tuple[type[BaseException], type[BaseException]]:
-    from ..opus.pool import CodecWorkerLost, OpusUndecodable
+    from ..opus.codec import OpusUndecodable
+    from ..opus.pool import CodecWorkerLost
 
     return OpusUndecodable, CodecWorkerLost
 
