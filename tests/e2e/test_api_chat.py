@@ -14,6 +14,7 @@ import itertools
 import signal
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -61,6 +62,19 @@ def chat_server(tmp_path_factory, parrot_dir) -> Iterable[ServerProcess]:
     server = start_server(tmp_path_factory.mktemp("chat"), "--max-sessions", "2")
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def slots_free(request) -> None:
+    """Each test starts with every slot of the shared server free: a slot is freed only after
+    its model state is reset, a moment after the client of the last test went away."""
+    if "chat_server" not in request.fixturenames:
+        return
+    server: ServerProcess = request.getfixturevalue("chat_server")
+    deadline = time.monotonic() + 10
+    while server.json("/ready")[1].get("slots_free") != 2:
+        assert time.monotonic() < deadline, "the shared server's slots were not freed"
+        time.sleep(0.05)
 
 
 def url(server: ServerProcess, query: dict[str, str] | None = None) -> str:
