@@ -11,6 +11,7 @@ through ``tests/opus/libopus.py`` for the web UI's 20 ms packets two per page an
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import subprocess
 import sys
@@ -362,6 +363,31 @@ async def test_busy_is_0x05_server_busy_then_1013_at_once(chat_server):
     assert got.code == 1013 and got.errors()[0].startswith("server busy")
 
 
+def opus_workers(server: ServerProcess) -> list[int]:
+    # Every thread's children: trio spawns processes from a worker thread.
+    tasks = Path(f"/proc/{server.proc.pid}/task").iterdir()
+    children = [c for t in tasks for c in (t / "children").read_text().split()]
+    return [
+        int(c) for c in children if b"duplex_actors.opus.worker" in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
+
+
+async def test_a_crashed_codec_worker_ends_its_sessions_with_0x05_then_1011(chat_server):
+    got = Received()
+    async with chat(url(chat_server)) as ws:
+        assert await handshake(ws) == b"\x00"
+        (worker,) = opus_workers(chat_server)  # the default on 2 CPUs: one worker
+        os.kill(worker, signal.SIGKILL)
+        with trio.fail_after(10):
+            for m in sphn_messages(tone(0.5)):
+                await ws.send_message(b"\x01" + m)
+            await collect(ws, got)
+    assert got.code == 1011 and got.errors() == ["the audio codec worker failed"]
+    async with chat(url(chat_server)) as ws:  # the pool started a new worker
+        assert await handshake(ws) == b"\x00"
+    assert opus_workers(chat_server) != [worker]
+
+
 def metric(server: ServerProcess, name: str) -> tuple[str, float]:
     status, body = http_get(server.base + "/metrics")
     assert status == 200
@@ -390,7 +416,9 @@ async def rejected_status(target: str) -> int:
 
 
 async def test_query_key_http_busy_and_drain(tmp_path, parrot_dir):
-    server = start_server(tmp_path, "--max-sessions", "1", "--api-key", KEY, "--admission-refusal", "http")
+    server = start_server(
+        tmp_path, "--max-sessions", "1", "--api-key", KEY, "--admission-refusal", "http", "--client-sampling"
+    )
     try:
         assert await rejected_status(url(server)) == 401
         assert await rejected_status(url(server, {"auth_id": "wrong"})) == 401
@@ -422,3 +450,12 @@ async def test_query_key_http_busy_and_drain(tmp_path, parrot_dir):
         assert KEY.encode() not in path.read_bytes()
     drained = [p for p in server.log_dir.glob("*.dlog") if records(p)[-2] == r.Close("server_shutdown")]
     assert len(drained) == 1 and len(got.audio()) == sum(isinstance(x, r.Step) for x in records(drained[0]))
+    header = records(drained[0])[0]
+    assert isinstance(header, r.Header)  # --client-sampling: the UI's values, audio_seed the seed
+    assert header.sampling == {
+        "temperature_text": 0.7,
+        "top_k_text": 25,
+        "temperature": 0.8,
+        "top_k": 250,
+        "seed": 456,
+    }
