@@ -35,6 +35,7 @@ from trio_websocket import (
 
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
+from duplex_actors.replay.replayer import replay_logic
 
 from ..opus.libopus import needs_libopus, ogg_stream, opus_packets
 from .conftest import ServerProcess, http_get, start_server
@@ -319,6 +320,7 @@ async def test_keepalive_ping_when_the_client_sends_nothing(chat_server):
 
 # -- refusals -------------------------------------------------------------------------------------
 async def test_malformed_ogg_is_0x05_then_1007(chat_server):
+    before = logs(chat_server)
     got = Received()
     async with chat(url(chat_server)) as ws:
         assert await handshake(ws) == b"\x00"
@@ -328,6 +330,9 @@ async def test_malformed_ogg_is_0x05_then_1007(chat_server):
             await collect(ws, got)
     assert got.code == 1007, (got.code, got.kinds())
     assert got.errors() and "Ogg" in got.errors()[-1]
+    (path,) = logs(chat_server) - before
+    recs = await finished(path)
+    assert recs[-2] == r.Close("invalid_audio") and replay_logic(path).identical
 
 
 @pytest.mark.parametrize(
