@@ -21,7 +21,12 @@ def _lib() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(name)
     lib.opus_encoder_create.restype = ctypes.c_void_p
-    lib.opus_encoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.opus_encoder_create.argtypes = [
+        ctypes.c_int32,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int),
+    ]
     lib.opus_encode_float.restype = ctypes.c_int32
     lib.opus_encode_float.argtypes = [
         ctypes.c_void_p,
@@ -50,7 +55,9 @@ def opus_packets(pcm: np.ndarray, frame: int, application: int = APPLICATION_AUD
         samples = np.ascontiguousarray(pcm, dtype=np.float32)
         for start in range(0, samples.size - frame + 1, frame):
             chunk = samples[start : start + frame]
-            n = LIB.opus_encode_float(enc, chunk.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), frame, out, 4000)
+            n = LIB.opus_encode_float(
+                enc, chunk.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), frame, out, 4000
+            )
             assert n > 0, n
             packets.append(out.raw[:n])
         return packets
@@ -58,7 +65,9 @@ def opus_packets(pcm: np.ndarray, frame: int, application: int = APPLICATION_AUD
         LIB.opus_encoder_destroy(enc)
 
 
-def ogg_stream(packets: list[bytes], frame: int, per_page: int, serial: int = 0x5EED) -> tuple[list[bytes], list[bytes]]:
+def ogg_stream(
+    packets: list[bytes], frame: int, per_page: int, serial: int = 0x5EED
+) -> tuple[list[bytes], list[bytes]]:
     """(header pages, audio pages) of an Ogg/Opus stream of ``packets`` (``frame`` samples at 24 kHz)."""
     headers = [
         encode_page([opus_head()], serial=serial, sequence=0, granule=0, header_type=BOS),

@@ -105,7 +105,9 @@ def test_web_ui_stream_with_eos_and_a_chained_restart():
     # mark the first stream's last page EOS (rewrite it: the CRC covers the flag)
     reader_page = OggPageReader().feed(last)[0]
     packets = [reader_page.body[: reader_page.lacing[0]], reader_page.body[reader_page.lacing[0] :]]
-    eos = encode_page(packets, serial=1, sequence=reader_page.sequence, granule=reader_page.granule, header_type=EOS)
+    eos = encode_page(
+        packets, serial=1, sequence=reader_page.sequence, granule=reader_page.granule, header_type=EOS
+    )
     messages = [*first[0], *first[1][:-1], eos, *second[0], *second[1]]
     pcm = feed_all(messages)
     assert pcm.size == 2 * 20 * frame

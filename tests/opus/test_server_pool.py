@@ -10,6 +10,7 @@ import trio
 from duplex_actors.model.checkpoint import checkpoint_from_dir
 from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine
+from duplex_actors.opus.pool import OpusPool
 from duplex_actors.server import open_duplex_server
 
 from .test_codec import tone
@@ -23,7 +24,7 @@ def engine(parrot_dir):
 async def test_the_pool_starts_lazily_once_and_stops_with_the_server(engine, tmp_path):
     async with open_duplex_server(engine, log_dir=tmp_path, fsync=False, opus_workers=1) as server:
         assert server.opus_pool is None  # no worker until an /api/chat session needs one
-        pools = []
+        pools: list[OpusPool] = []
         async with trio.open_nursery() as nursery:
             for _ in range(3):
                 nursery.start_soon(lambda: _get(server, pools))

@@ -131,9 +131,7 @@ class OggPageReader:
         buf = self._buffer
         head = bytes(buf[:4])
         if not CAPTURE.startswith(head):
-            raise OggError(
-                f"no Ogg capture pattern at byte {self.offset} (page {self.pages}): got {head!r}"
-            )
+            raise OggError(f"no Ogg capture pattern at byte {self.offset} (page {self.pages}): got {head!r}")
         if len(buf) < HEADER_BYTES:
             return None
         _, version, header_type, granule, serial, sequence, crc, segments = _HEADER.unpack_from(buf)
