@@ -290,7 +290,8 @@ async def test_audio_before_the_handshake_is_dropped(chat_server):
             await collect(ws, got)
     (path,) = logs(chat_server) - before
     recs = await finished(path)
-    appended = sum(len(x.audio) // 4 for x in recs if isinstance(x, r.Append))
+    appended = sum(len(x.audio) // 2 for x in recs if isinstance(x, r.Append))
+    assert all(x.format == "pcm16" for x in recs if isinstance(x, r.Append))
     _, ignored = metric(chat_server, 'duplex_ignored_messages_total{reason="api_chat_pre_handshake"}')
     assert ignored > ignored_before
     assert appended < len(early) * FRAME  # the backlog was not replayed as a burst
@@ -403,9 +404,13 @@ def metric(server: ServerProcess, name: str) -> tuple[str, float]:
 
 
 async def test_metrics_count_api_chat_sessions_by_dialect(chat_server):
+    active_name = 'duplex_dialect_sessions_active{dialect="api_chat"}'
+    with trio.fail_after(10):  # the last test's sessions finish their logs after freeing the slot
+        while metric(chat_server, active_name)[1] != 0:
+            await trio.sleep(0.05)
     async with chat(url(chat_server)) as ws:
         assert await handshake(ws) == b"\x00"
-        _, active = metric(chat_server, 'duplex_dialect_sessions_active{dialect="api_chat"}')
+        _, active = metric(chat_server, active_name)
         assert active == 1
     _, opened = metric(chat_server, 'duplex_dialect_sessions_opened_total{dialect="api_chat"}')
     assert opened >= 1

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from ..audio import float_to_pcm16
 from ..counters import Counters
 from ..faults import Faults
 from ..model.engine import EngineFamily
@@ -263,7 +264,10 @@ class ApiChatConnection(Connection):
                 return
             pcm = await stream.decode(payload)
         except undecodable as exc:
-            await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
+            try:
+                await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
+            except trio.ClosedResourceError:
+                return
             await session.close(INVALID_AUDIO)
             return
         except lost:
@@ -272,7 +276,8 @@ class ApiChatConnection(Connection):
         if len(pcm) == 0:
             return
         try:
-            await session.append(pcm)
+            # Logged as PCM16 (what the decoder resolves; half the bytes of float32).
+            await session.append_bytes(float_to_pcm16(pcm), "pcm16")
         except trio.ClosedResourceError:
             pass  # the session ended meanwhile: the writer closes
 
