@@ -12,6 +12,7 @@ signal matters.
    CPU (their ``/proc`` utime + stime: codec and pipe protocol together) and the server
    process's CPU per session-frame (the event loop's share of the pool shell).
 3. Pool, flat out: the same sessions with no pacing: session-frames per second per worker.
+4. The pool shell alone: the server process's CPU per op with no codec work.
 
 The ceiling per worker = 80 ms / (worker CPU per session-frame): the sessions one worker process
 (one core) holds at 100 % of its core.
@@ -169,6 +170,25 @@ async def through_pool(x: np.ndarray, workers: int, sessions: int, seconds: floa
     }
 
 
+async def shell_only(sessions: int, ops: int) -> float:
+    """The server process's CPU per op of the pool shell alone: ``discard(b"")`` does no codec
+    work, so what is measured is the pipe round trip (request, response, trio wake-ups)."""
+    async with open_opus_pool(1) as pool:
+        streams = [await pool.open_stream() for _ in range(sessions)]
+        for s in streams:
+            await s.discard(b"")
+
+        async def run(stream) -> None:
+            for _ in range(ops):
+                await stream.discard(b"")
+
+        cpu0 = time.process_time()
+        async with trio.open_nursery() as nursery:
+            for s in streams:
+                nursery.start_soon(run, s)
+        return (time.process_time() - cpu0) / (sessions * ops) * 1e6
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=1)
@@ -197,6 +217,11 @@ def main() -> None:
             f"per session-frame (codec {r['codec_ms_per_sf']:.3f}), server process "
             f"{r['main_ms_per_sf']:.3f} ms; {r['sf_per_s_per_worker']:.0f} session-frames/s per worker"
         )
+    batched, single = trio.run(shell_only, a.sessions, 300), trio.run(shell_only, 1, 1000)
+    print(
+        f"pool shell alone (server process CPU per op, no codec work): {batched:.0f} us with "
+        f"{a.sessions} sessions asking at once (writes coalesced), {single:.0f} us one at a time"
+    )
     paced_r, flat_r = results[True], results[False]
     print(
         f"ceiling per codec worker (one core at 100 %): {80.0 / paced_r['worker_ms_per_sf']:.0f} sessions "

@@ -9,6 +9,7 @@ import sphn
 from duplex_actors.errors import CodedError
 from duplex_actors.opus.codec import FRAME_SAMPLES, OggOpusDecoder, OggOpusEncoder, OpusUndecodable
 from duplex_actors.opus.ogg import BOS, EOS, OggPageReader, encode_page, opus_head, opus_tags
+from duplex_actors.protocol.errors import BAD_AUDIO
 
 from .libopus import needs_libopus, ogg_stream, opus_packets
 
@@ -150,7 +151,7 @@ def _refused(data: bytes, match: str) -> OpusUndecodable:
 def test_malformed_ogg_is_refused_with_bad_audio():
     blob = b"".join(sphn_stream(3))
     exc = _refused(b"RIFF\x00\x00\x00\x00WAVEfmt ", "capture pattern")
-    assert isinstance(exc, CodedError) and exc.code == "bad_audio"
+    assert isinstance(exc, CodedError) and exc.code == BAD_AUDIO
     corrupt = bytearray(blob)
     corrupt[len(blob) - 5] ^= 0x40
     _refused(bytes(corrupt), "CRC")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +201,15 @@ def test_default_worker_count_is_sane():
     n = default_opus_workers()
     assert 1 <= n <= 4
     assert n <= max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+async def test_a_pool_that_cannot_start_says_so(monkeypatch):
+    from duplex_actors.opus import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "WORKER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    before = _fds()
+    with pytest.raises(pool_module.OpusPoolUnavailable, match="exited before it was ready") as info:
+        async with open_opus_pool(2):
+            pass
+    assert info.value.code == "internal_error"
+    assert _fds() == before

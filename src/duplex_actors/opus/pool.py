@@ -15,6 +15,11 @@ to it and talks to the server over its pipes (:mod:`.wire`).
         await stream.aclose()
         pool.stats()                               # per-worker sessions, restarts, CPU (/metrics)
 
+In the server, ``await server.get_opus_pool()`` (:class:`~duplex_actors.server.DuplexServer`)
+starts the pool on first use, sized by ``--opus-workers`` / ``DUPLEX_OPUS_WORKERS`` (default
+:func:`default_opus_workers`), and stops it with the server; ``server.opus_pool`` is None until
+then (``/metrics`` shows ``duplex_opus_*`` once it runs).
+
 - One op in flight per stream: concurrent calls on one stream (the dialect's receive task
   decoding, its send task encoding) are served one after the other, in arrival order.
 - Bounded queues: a worker has at most ``queue_depth`` requests outstanding (written to its pipe
@@ -37,6 +42,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -53,6 +59,7 @@ __all__ = [
     "OpusCodecFailed",
     "OpusPool",
     "OpusPoolStats",
+    "OpusPoolUnavailable",
     "OpusStream",
     "OpusUndecodable",
     "OpusWorkerStats",
@@ -75,6 +82,12 @@ def default_opus_workers() -> int:
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 2
     return max(1, min(4, cpus // 2))
+
+
+class OpusPoolUnavailable(CodedError):
+    """The codec worker processes could not be started (the dialect: 1011)."""
+
+    code = INTERNAL_ERROR
 
 
 class CodecWorkerLost(CodedError):
@@ -220,12 +233,11 @@ class OpusStream:
 class OpusPool:
     """Made by :func:`open_opus_pool`; see the module docstring."""
 
-    def __init__(self, nursery: trio.Nursery, workers: int, queue_depth: int) -> None:
+    def __init__(self, workers: int, queue_depth: int) -> None:
         if workers < 1:
             raise ValueError("an Opus pool needs at least one worker")
         if queue_depth < 1:
             raise ValueError("queue_depth must be at least 1")
-        self._nursery = nursery
         self.size = workers
         self.queue_depth = queue_depth
         self._workers: list[_Worker | None] = [None] * workers
@@ -288,50 +300,54 @@ class OpusPool:
         return [w.pid for w in self._workers if w is not None and w.alive]
 
     # -- workers ---------------------------------------------------------------------------------
-    async def _spawn(self, index: int) -> _Worker:
+    async def _launch(self, index: int) -> _Worker:
         process = await trio.lowlevel.open_process(
-            list(WORKER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            list(WORKER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_worker_env()
         )
-        worker = _Worker(index, process, self.queue_depth)
+        return _Worker(index, process, self.queue_depth)
+
+    async def _ready(self, worker: _Worker) -> None:
+        """Wait for the worker's ready frame (its imports done); kill it on failure."""
         try:
             with trio.fail_after(START_TIMEOUT_S):
                 header = await worker.reader.read_exact(wire.RESPONSE.size)
                 if header is None:
-                    raise RuntimeError(f"Opus worker {index} exited before it was ready")
+                    raise RuntimeError(f"Opus worker {worker.index} exited before it was ready")
                 request_id, _, _, length = wire.RESPONSE.unpack(header)
                 if request_id != wire.READY_ID or await worker.reader.read_exact(length) is None:
-                    raise RuntimeError(f"Opus worker {index} sent no ready frame")
+                    raise RuntimeError(f"Opus worker {worker.index} sent no ready frame")
         except BaseException:
             with trio.CancelScope(shield=True):
-                await _stop_process(process, kill=True)
+                await _stop_process(worker.process, kill=True)
             raise
+
+    async def _spawn(self, index: int) -> _Worker:
+        worker = await self._launch(index)
+        await self._ready(worker)
         return worker
 
-    async def _run_worker(self, index: int, *, task_status: trio.TaskStatus[None]) -> None:
-        """Keep worker ``index`` running: start it, serve it, start another when it dies."""
+    async def _run_worker(self, worker: _Worker) -> None:
+        """Serve ``worker``; when it dies, fail its streams and start another in its place."""
+        index = worker.index
         failures = 0
         first = True
         while not self.closing:
-            try:
-                worker = await self._spawn(index)
-            except (OSError, RuntimeError, trio.TooSlowError) as exc:
-                if first:
-                    raise
-                failures += 1
-                log.error("Opus worker %d failed to start (%s); retrying", index, exc)
-                await trio.sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
-                continue
-            if self.closing:  # the pool closed while this one started
-                with trio.CancelScope(shield=True):
-                    await _stop_process(worker.process, kill=True)
-                return
+            if not first:
+                try:
+                    worker = await self._spawn(index)
+                except (OSError, RuntimeError, trio.TooSlowError) as exc:
+                    failures += 1
+                    log.error("Opus worker %d failed to start (%s); retrying", index, exc)
+                    await trio.sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
+                    continue
+                if self.closing:  # the pool closed while this one started
+                    with trio.CancelScope(shield=True):
+                        await _stop_process(worker.process, kill=True)
+                    return
+                log.warning("Opus worker %d restarted (pid %d)", index, worker.pid)
+            first = False
             self._workers[index] = worker
             self._wake()
-            if first:
-                task_status.started()
-                first = False
-            else:
-                log.warning("Opus worker %d restarted (pid %d)", index, worker.pid)
             failures = 0
             try:
                 async with trio.open_nursery() as nursery:
@@ -387,9 +403,12 @@ class OpusPool:
             if payload is None:
                 return
             call = worker.pending.pop(request_id, None)
+            if call is None:  # cancelled calls stay pending, so this is a broken protocol
+                log.error(
+                    "Opus worker %d answered unknown request %d; replacing it", worker.index, request_id
+                )
+                return
             worker.slots.release()
-            if call is None:
-                continue  # an unknown id: the protocol is broken
             call.status, call.payload = status, payload
             call.done.set()
             self._account(call, cpu_s)
@@ -461,6 +480,14 @@ class OpusPool:
         self._wake()
 
 
+def _worker_env() -> dict[str, str]:
+    """The server's environment, with this package importable however the server found it."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 async def _stop_process(process: trio.Process, *, kill: bool) -> None:
     """Close the pipes, give the worker a moment to exit on EOF (or kill it), reap it."""
     if kill and process.returncode is None:
@@ -480,11 +507,27 @@ async def open_opus_pool(workers: int | None = None, *, queue_depth: int = 64) -
     """Start ``workers`` codec processes (:func:`default_opus_workers` when None), yield the pool;
     on exit stop them all (every stream still open then fails with :class:`CodecWorkerLost`)."""
     count = default_opus_workers() if workers is None else workers
+    pool = OpusPool(count, queue_depth)
+    # Started before the nursery, so that a failure is raised as itself, not in an exception group.
+    # All launched first, then awaited: their imports (~0.6 s each) run in parallel.
+    spawned: list[_Worker] = []
+    try:
+        for index in range(count):
+            spawned.append(await pool._launch(index))
+        for worker in spawned:
+            await pool._ready(worker)
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            for worker in spawned:
+                await _stop_process(worker.process, kill=True)
+        if isinstance(exc, (OSError, RuntimeError, trio.TooSlowError)):
+            raise OpusPoolUnavailable(f"could not start the Opus codec workers: {exc}") from exc
+        raise
     async with trio.open_nursery() as nursery:
-        pool = OpusPool(nursery, count, queue_depth)
+        for worker in spawned:
+            pool._workers[worker.index] = worker
+            nursery.start_soon(pool._run_worker, worker)
         try:
-            for index in range(count):
-                await nursery.start(pool._run_worker, index)
             yield pool
         finally:
             with trio.CancelScope(shield=True):
