@@ -61,6 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         outbox_events=args.outbox_events,
         max_message_bytes=args.max_message_bytes,
         tick_policy=tick_policy,
+        client_sampling=args.client_sampling,
         agent_port=args.agent_port,
         agent_host=args.agent_host or args.host,
         admission_refusal=args.admission_refusal,
@@ -216,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         "session has a frame, else 20 ms after the first), 'deadline' (the window stretched to "
         "80 ms minus the p90 step), 'grid' (one step per 80 ms tick on a fixed grid); "
         "env DUPLEX_TICK_POLICY",
+    )
+    serve.add_argument(
+        "--client-sampling",
+        action="store_true",
+        help="/api/chat: let the query's text/audio temperature, topk and seed set the session's "
+        "sampling (default: ignored, greedy)",
     )
     serve.add_argument(
         "--opus-workers",

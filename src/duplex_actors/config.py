@@ -52,6 +52,8 @@ class ServerConfig:
     # When the scheduler steps (notes/tick-policy.md, docs/operations.md). "window" until
     # per-session alignment lands: the grid makes unaligned 80 ms clients wait 40 ms on average.
     tick_policy: str = "window"
+    # /api/chat: the stock UIs' sampling query parameters set the session's sampling (else greedy)
+    client_sampling: bool = False
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -83,6 +85,16 @@ class ServerConfig:
         def number(name: str, fallback: float) -> float:
             value = _parse(env, name, float, "a number")
             return fallback if value is None else value
+
+        def flag(name: str, fallback: bool) -> bool:
+            value = env.get(name, "").strip().lower()
+            if not value:
+                return fallback
+            if value in ("1", "true", "yes", "on"):
+                return True
+            if value in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{name}={env[name]!r}: expected 1/true/yes/on or 0/false/no/off")
 
         opus_workers = _parse(env, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
         if opus_workers is not None and opus_workers < 1:
@@ -117,6 +129,7 @@ class ServerConfig:
             outbox_events=integer("DUPLEX_OUTBOX_EVENTS", default.outbox_events),
             max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
             tick_policy=tick_policy,
+            client_sampling=flag("DUPLEX_CLIENT_SAMPLING", default.client_sampling),
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,
