@@ -9,6 +9,8 @@ Each fault is armed by a trigger file, so a test decides exactly when it fires::
 - ``fsync_error=PATH``: while PATH exists, every ``fdatasync`` of a session log fails with EIO.
 - ``handler_raise=PATH``: when PATH exists, the next client message makes its connection
   handler raise (PATH is removed).
+- ``step_silence=PATH``: while PATH exists, every step's output audio is silence (its tokens
+  unchanged): the negative control of the real-client audio checks.
 
 Never set this in production; the server logs a warning at start-up when it is set.
 """
@@ -55,11 +57,19 @@ class Faults:
     stall_ms: float = 0.0
     fsync_error: Path | None = None
     handler_raise: Path | None = None
+    step_silence: Path | None = None
 
     @property
     def active(self) -> bool:
         return any(
-            p is not None for p in (self.step_raise, self.step_stall, self.fsync_error, self.handler_raise)
+            p is not None
+            for p in (
+                self.step_raise,
+                self.step_stall,
+                self.fsync_error,
+                self.handler_raise,
+                self.step_silence,
+            )
         )
 
     @classmethod
@@ -73,7 +83,7 @@ class Faults:
                     fields["step_stall"], fields["stall_ms"] = Path(path), float(ms)
                 except ValueError:
                     raise ConfigError(f"DUPLEX_FAULTS: step_stall wants PATH:MS, got {value!r}") from None
-            elif name in ("step_raise", "fsync_error", "handler_raise") and value:
+            elif name in ("step_raise", "fsync_error", "handler_raise", "step_silence") and value:
                 fields[name] = Path(value)
             else:
                 raise ConfigError(f"DUPLEX_FAULTS: unknown fault {item!r}")
@@ -88,6 +98,9 @@ class Faults:
             time.sleep(self.stall_ms / 1000)
         if _take(self.step_raise):
             raise InjectedFault("injected model step failure (DUPLEX_FAULTS step_raise)")
+
+    def silence_output(self) -> bool:
+        return self.step_silence is not None and self.step_silence.exists()
 
     def before_message(self) -> None:
         if _take(self.handler_raise):
@@ -135,4 +148,7 @@ class FaultyEngine:
 
     def step(self, frames: Mapping[int, npt.NDArray[np.float32]]) -> Mapping[int, StepOutput]:
         self._faults.before_step()
-        return self.engine.step(frames)
+        outputs = self.engine.step(frames)
+        if self._faults.silence_output():
+            return {slot: attrs.evolve(out, pcm=np.zeros_like(out.pcm)) for slot, out in outputs.items()}
+        return outputs
