@@ -42,6 +42,7 @@ class ServerConfig:
     log_max_bytes: int | None = None
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    static_ui: str | None = None  # a built web UI (e.g. PersonaPlex's) served at / instead of the page
     idle_timeout_s: float = 300.0
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
