@@ -18,7 +18,8 @@ the real path before ``/ready`` turns 200.
 
 Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime projection;
 ``?duplex=1`` accepted, ``?model=`` checked, ``?autostart=0`` waits for the first message),
-``WS /v1/duplex`` (native dialect), ``GET /health``, ``GET /ready``, ``GET /v1/models``,
+``WS /v1/duplex`` (native dialect), ``WS /api/chat`` (moshi / PersonaPlex binary Opus,
+``web/api_chat.py``), ``GET /health``, ``GET /ready``, ``GET /v1/models``,
 ``GET /metrics`` and ``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat
 completions); the browser page's routes come from ``web/page.py``.
 
@@ -36,6 +37,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,15 +51,19 @@ from .config import ConfigError, ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
 from .model.engine import ModelEngine
+from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
+from .web.api_chat import ApiChatConnection, ApiChatDialect, OpusPool
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
 from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
 from .web.page import install_page_routes
+
+API_CHAT_PATH = "/api/chat"
 
 if TYPE_CHECKING:
     from .scaleout.upload import LogUploader
@@ -82,6 +88,7 @@ class ModelHolder:
         self.draining = False
         self.paused = False  # SIGUSR1: no new sessions, the live ones go on
         self.uploader: LogUploader | None = None
+        self.opus_pool: OpusPool | None = None  # the /api/chat codec workers, once started
         self.connections: set[Connection] = set()
         self._connections_changed = trio.Event()
         self.counters = Counters()
@@ -308,6 +315,7 @@ async def metrics() -> Any:
         scheduler=server.scheduler if server is not None else None,
         writer=server.writer if server is not None else None,
         sessions_active=len(server.sessions) if server is not None else 0,
+        dialects_active=Counter(server.session_dialects.values()) if server is not None else None,
         recovered_logs=len(server.recovered_logs) if server is not None else 0,
         uploader=holder.uploader,
     )
@@ -343,6 +351,11 @@ async def native_ws() -> Any:
     return await _websocket("native")
 
 
+@routes.websocket(API_CHAT_PATH)
+async def api_chat_ws() -> Any:
+    return await _websocket("api_chat")
+
+
 def _refuse_http(holder: ModelHolder, code: str, message: str, *, retry: bool = True) -> Any:
     holder.counters.refused[code] += 1
     kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
@@ -358,11 +371,19 @@ async def _websocket(dialect_name: str) -> Any:
     config = holder.config
     headers = {k.lower(): v for k, v in websocket.headers.items()}
     subprotocols = list(websocket.requested_subprotocols)
+    query_key = None
+    if dialect_name == "api_chat":
+        # Taken out of the query string by DuplexApp (so no log sees it); the bare quart app
+        # (tests) still has it in the query.
+        query_key = websocket.scope.get(auth.QUERY_KEY_SCOPE) or next(
+            (websocket.args[k] for k in KEY_PARAMS if websocket.args.get(k)), None
+        )
     refusal = auth.check(
         api_key=config.api_key,
         allowed_origins=config.allowed_origins,
         headers=headers,
         subprotocols=subprotocols,
+        query_key=query_key,
     )
     if refusal is not None:
         holder.counters.refused[refusal.code] += 1
@@ -402,6 +423,8 @@ def _dialect(
             duplex=websocket.args.get("duplex", "0") not in ("0", "", "false"),
             max_message_bytes=config.max_message_bytes,
         )
+    if name == "api_chat":
+        return ApiChatDialect(websocket.args)  # type: ignore[return-value]  # a binary shell
     return NativeDialect(capabilities=capabilities(slots), max_message_bytes=config.max_message_bytes)
 
 
@@ -416,18 +439,31 @@ async def _run_connection(
     transport = Transport(
         websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
     )
-    conn = Connection(
-        server,
-        transport,
-        dialect=dialect,
-        idle_timeout_s=holder.config.idle_timeout_s,
-        counters=holder.counters,
-        faults=holder.faults,
-        reservation=reservation,
-    )
+    conn: Connection
+    if isinstance(dialect, ApiChatDialect):
+        conn = ApiChatConnection(
+            server,
+            transport,
+            dialect=dialect,
+            idle_timeout_s=holder.config.idle_timeout_s,
+            counters=holder.counters,
+            opus_pool=holder.opus_pool,
+            faults=holder.faults,
+            reservation=reservation,
+        )
+    else:
+        conn = Connection(
+            server,
+            transport,
+            dialect=dialect,
+            idle_timeout_s=holder.config.idle_timeout_s,
+            counters=holder.counters,
+            faults=holder.faults,
+            reservation=reservation,
+        )
     holder.add_connection(conn)
     try:
-        await _open_and_run(conn, dialect, holder.config.model)
+        await _open_and_run(conn, dialect, holder.config.model, server, holder.config)
     except Exception:
         log.exception("connection failed")
         holder.counters.connection_errors["handler"] += 1
@@ -440,7 +476,17 @@ async def _run_connection(
         holder.discard_connection(conn)
 
 
-async def _open_and_run(conn: Connection, dialect: Dialect, model: str) -> None:
+async def _open_and_run(
+    conn: Connection, dialect: Dialect, model: str, server: DuplexServer, config: ServerConfig
+) -> None:
+    if isinstance(dialect, ApiChatDialect):
+        try:
+            opening = dialect.opening(server.engine.family, client_sampling=config.client_sampling)
+        except ProtocolError as err:
+            await conn.refuse(err.code, err.message, 1008)
+            return
+        await conn.run(opening)
+        return
     if dialect.name == "realtime":
         wanted = websocket.args.get("model")
         if wanted and wanted != model:
@@ -479,6 +525,12 @@ class DuplexApp(GuardedApp):
         super().__init__(quart_app, holder.count_connection_error)
         self.quart_app = quart_app
         self.holder = holder
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # The /api/chat key may come in the query (browsers set no headers): out of the URL
+        # before anything, hypercorn's access log included, can see it.
+        auth.take_query_key(scope, API_CHAT_PATH, KEY_PARAMS)
+        await super().__call__(scope, receive, send)
 
 
 def create_app(config: ServerConfig | None = None) -> DuplexApp:

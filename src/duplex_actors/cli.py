@@ -54,6 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
         input_buffer_bytes=args.input_buffer_bytes,
         outbox_events=args.outbox_events,
         max_message_bytes=args.max_message_bytes,
+        client_sampling=args.client_sampling
+        or os.environ.get("DUPLEX_CLIENT_SAMPLING", "").strip().lower() in ("1", "true", "yes", "on"),
         agent_port=args.agent_port,
         agent_host=args.agent_host or args.host,
         admission_refusal=args.admission_refusal,
@@ -195,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--drain-timeout", type=float, default=10.0, help="seconds to close sessions on SIGTERM"
+    )
+    serve.add_argument(
+        "--client-sampling",
+        action="store_true",
+        help="/api/chat: let the query's text/audio temperature, topk and seed set the session's "
+        "sampling (default: ignored, greedy); or DUPLEX_CLIENT_SAMPLING=1",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

@@ -47,6 +47,8 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    # /api/chat: the stock UIs' sampling query parameters set the session's sampling (else greedy)
+    client_sampling: bool = False
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -73,6 +75,16 @@ class ServerConfig:
             value = _parse(env, name, float, "a number")
             return fallback if value is None else value
 
+        def flag(name: str, fallback: bool) -> bool:
+            value = env.get(name, "").strip().lower()
+            if not value:
+                return fallback
+            if value in ("1", "true", "yes", "on"):
+                return True
+            if value in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{name}={env[name]!r}: expected 1/true/yes/on or 0/false/no/off")
+
         refusal = env.get("DUPLEX_ADMISSION_REFUSAL") or default.admission_refusal
         if refusal not in ADMISSION_REFUSALS:
             raise ConfigError(
@@ -96,6 +108,7 @@ class ServerConfig:
             input_buffer_bytes=integer("DUPLEX_INPUT_BUFFER_BYTES", default.input_buffer_bytes),
             outbox_events=integer("DUPLEX_OUTBOX_EVENTS", default.outbox_events),
             max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
+            client_sampling=flag("DUPLEX_CLIENT_SAMPLING", default.client_sampling),
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,

@@ -21,3 +21,6 @@ class Counters:
         self.sessions_closed: Counter[str] = Counter()
         self.connection_errors: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
+        self.sessions_by_dialect: Counter[str] = Counter()
+        # Client messages read and not applied (e.g. /api/chat audio before its handshake).
+        self.ignored_messages: Counter[str] = Counter()

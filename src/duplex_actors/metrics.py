@@ -62,6 +62,7 @@ def render(
     writer: Any | None,
     sessions_active: int,
     recovered_logs: int = 0,
+    dialects_active: Mapping[str, int] | None = None,
     uploader: Any | None = None,
 ) -> str:
     out = _Writer()
@@ -117,6 +118,24 @@ def render(
         "counter",
         "Sessions closed, by reason.",
         [("", {"reason": k}, v) for k, v in sorted(counters.sessions_closed.items())],
+    )
+    out.metric(
+        "duplex_dialect_sessions_active",
+        "gauge",
+        "Open sessions, by dialect (realtime, native, api_chat).",
+        [("", {"dialect": k}, v) for k, v in sorted((dialects_active or {}).items())],
+    )
+    out.metric(
+        "duplex_dialect_sessions_opened_total",
+        "counter",
+        "Sessions admitted, by dialect (realtime, native, api_chat; warmup is the start-up one).",
+        [("", {"dialect": k}, v) for k, v in sorted(counters.sessions_by_dialect.items())],
+    )
+    out.metric(
+        "duplex_ignored_messages_total",
+        "counter",
+        "Client messages read and not applied, by reason (api_chat_pre_handshake, api_chat_kind).",
+        [("", {"reason": k}, v) for k, v in sorted(counters.ignored_messages.items())],
     )
     out.metric(
         "duplex_frames_in_total",

@@ -239,6 +239,7 @@ class DuplexServer:
         self._nursery = nursery
         self._session_ids = session_ids
         self.sessions: dict[str, SessionActor] = {}
+        self.session_dialects: dict[str, str] = {}  # of the open sessions, for /metrics
         self._session_ended = trio.Event()  # set (and replaced) whenever a session ends
         self.accepting = True
         self.not_accepting_reason = "the server is shutting down"
@@ -319,6 +320,8 @@ class DuplexServer:
             counters=self.counters,
         )
         self.counters.sessions_opened += 1
+        self.counters.sessions_by_dialect[dialect] += 1
+        self.session_dialects[session_id] = dialect
         self.scheduler.table.slots[slot].occupant = actor
         self.sessions[session_id] = actor
         described = self.description
@@ -352,6 +355,7 @@ class DuplexServer:
             await actor.run()
         finally:
             self.sessions.pop(actor.session_id, None)
+            self.session_dialects.pop(actor.session_id, None)
             self._session_ended.set()
             self._session_ended = trio.Event()
             for listener in self.on_log_finished:

@@ -137,7 +137,7 @@ def test_routes(page_server: ServerProcess) -> None:
     voices = json.loads(body)
     assert voices["family"] == "personaplex"
     assert voices["default"] == "NATF2.pt"
-    assert voices["voices"] == ["NATF2.pt", "NATM1.pt"]
+    assert voices["voices"] == ["NATF0.pt", "NATF2.pt", "NATM1.pt"]
 
     import urllib.request
 

@@ -30,7 +30,7 @@ def copy_checkpoint(src: Path, dst: Path) -> Path:
 def test_builtin_tiny_resolves_and_loads(tiny_dir):
     files = resolve_checkpoint("tiny")
     assert files.root == tiny_dir
-    assert sorted(files.voices) == ["NATF2.pt", "NATM1.pt"]
+    assert sorted(files.voices) == ["NATF0.pt", "NATF2.pt", "NATM1.pt"]
     loaded = load_checkpoint(files)
     assert loaded.lm.dep_q == 8 and loaded.lm.card == 2048 and loaded.lm.context == 250
     assert loaded.mimi.frame_size == 1920 and loaded.mimi.sample_rate == 24_000
@@ -148,7 +148,7 @@ def test_hugging_face_repo_from_the_offline_cache(tiny_dir, tmp_path, monkeypatc
     files = resolve_checkpoint("local-org/tiny-personaplex")
     assert files.model_id == "local-org/tiny-personaplex"
     assert files.lm.read_bytes() == (tiny_dir / LM_NAME).read_bytes()
-    assert sorted(files.voices) == ["NATF2.pt", "NATM1.pt"]
+    assert sorted(files.voices) == ["NATF0.pt", "NATF2.pt", "NATM1.pt"]
     assert files.lm_sha256() == hashlib.sha256((tiny_dir / LM_NAME).read_bytes()).hexdigest()
     session = Session(SessionPrompt("NATM1.pt", "hi"), session_audio(8, 5))
     hub_engine = engine(files.root, 1)
@@ -163,7 +163,7 @@ def test_voices_from_a_tgz(tiny_dir, tmp_path):
         tar.add(ckpt / "voices", arcname="voices")
     shutil.rmtree(ckpt / "voices")
     files = checkpoint_from_dir(ckpt)
-    assert sorted(files.voices) == ["NATF2.pt", "NATM1.pt"]
+    assert sorted(files.voices) == ["NATF0.pt", "NATF2.pt", "NATM1.pt"]
     assert files.voices["NATF2.pt"].read_bytes() == (tiny_dir / "voices" / "NATF2.pt").read_bytes()
 
 

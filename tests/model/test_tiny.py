@@ -38,6 +38,7 @@ def test_same_seed_same_bytes_in_any_directory(tmp_path, parrot):
         "tokenizer_spm_32k_3.model",
         "lm_config.json",
         "mimi_config.json",
+        "voices/NATF0.pt",
         "voices/NATF2.pt",
         "voices/NATM1.pt",
     }
@@ -73,7 +74,7 @@ def test_tiny_mimi_codebooks_are_real(tiny_dir):
 
 
 def test_voice_prompts_have_personaplex_format(tiny_dir):
-    for name in ("NATF2.pt", "NATM1.pt"):
+    for name in ("NATF0.pt", "NATF2.pt", "NATM1.pt"):
         voice = load_voice_prompt(tiny_dir / "voices" / name, dim=128)
         assert voice.embeddings.shape[1:] == (1, 1, 128) and voice.embeddings.shape[0] >= 10
         assert voice.cache.shape == (1, 17, 4) and voice.cache.dtype == torch.int64

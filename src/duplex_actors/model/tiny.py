@@ -4,8 +4,9 @@
 the PersonaPlex layout (see :mod:`.checkpoint`): a tiny Moshi-architecture LM (card 2048,
 8 codebooks, context 250), a tiny Mimi whose frame is still 1920 samples at 24 kHz (its
 quantizer codebooks calibrated on synthetic audio: a fresh Mimi's codebooks are all zeros and
-every frame would encode to code 0), a SentencePiece tokenizer trained in memory, and two
-PersonaPlex voice prompts made by running a synthetic voice through the tiny Mimi and LM.
+every frame would encode to code 0), a SentencePiece tokenizer trained in memory, and three
+PersonaPlex voice prompts made by running a synthetic voice through the tiny Mimi and LM
+(``NATF0.pt`` is the PersonaPlex web UI's default voice, so the stock UI works against them).
 
 Deterministic: the same seed gives the same bytes in any directory (no paths, timestamps or
 archives are written into any file; everything is computed with one torch thread).
@@ -44,10 +45,14 @@ if TYPE_CHECKING:
     from moshi.models.lm import LMModel
 
 # Bump when the built bytes change on purpose: built-in caches are keyed by it.
-TINY_FORMAT = 1
+# 2: NATF0.pt added (the LM, Mimi, tokenizer and the other voices are unchanged, so logs of
+# format 1 still replay: the header's checkpoint SHA-256 is the LM's).
+TINY_FORMAT = 2
 CARD = 2048
 TEXT_CARD = 256
-VOICES = {"NATF2.pt": (210.0, 13), "NATM1.pt": (115.0, 11)}  # (pitch Hz, frames)
+# (pitch Hz, frames). Built in this order, each from its own synthetic audio: adding one
+# changes no other's bytes.
+VOICES = {"NATF2.pt": (210.0, 13), "NATM1.pt": (115.0, 11), "NATF0.pt": (185.0, 12)}
 
 TINY_LM = {
     "dim": 128,

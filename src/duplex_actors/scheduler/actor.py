@@ -87,6 +87,7 @@ class Scheduler:
         self._ready_resets: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._prepare_limiter = trio.Lock()
+        self._resets_done = trio.Event()  # set (and replaced) after each round of resets
         self.step_failures = 0
         self.failed: BaseException | None = None
         # statistics
@@ -138,6 +139,16 @@ class Scheduler:
             self._ready_resets.add(slot)
             self._wake.set()
 
+    async def wait_reset(self, slot: int) -> None:
+        """Return once ``slot`` has no pending reset (its prompt is prefilled, or the reset
+        failed and its occupant was told), or the scheduler has failed."""
+        while self.table.slots[slot].pending_reset is not None and self.failed is None:
+            await self._resets_done.wait()
+
+    def _resets_applied(self) -> None:
+        self._resets_done.set()
+        self._resets_done = trio.Event()
+
     async def release(self, slot: int) -> None:
         """Reset the slot's model state, then free it; returns once it is free."""
         entry = self.table.slots[slot]
@@ -179,10 +190,12 @@ class Scheduler:
                         # Resets first, then wait again: a reset neither steps a stale frame
                         # nor makes an undersized batch.
                         await self._apply_resets()
+                        self._resets_applied()
                         continue
                     await self._step_once()
             except BaseException as exc:
                 self.failed = exc
+                self._resets_applied()
                 for entry in self.table.slots:  # nobody waits forever on a dead scheduler
                     if entry.releasing:
                         self._free(entry)

@@ -1,0 +1,287 @@
+"""``WS /api/chat``, the moshi / PersonaPlex dialect (spec §9), as a shell over the session.
+
+The sans-io part (kinds, query, projection) is :mod:`duplex_actors.protocol.api_chat`; this
+module adds what needs I/O: the Opus codec (a stream of the server's worker-process pool, never
+on the event loop), the handshake once the slot's prompt is prefilled, the keep-alive ping, and
+the refusals.
+
+Life of a connection: the query is parsed and validated against the model family before the
+session opens (a bad value: ``0x05`` + 1008, no session, no log); admission (busy: ``0x05
+"server busy"`` + 1013); the session opens; once its slot's reset (prompt prefill) is applied the
+handshake ``0x00`` goes out. Audio read before that is dropped (moshi.client streams at once;
+replaying that backlog as a burst is what upstream moshi does wrong). Each inbound ``0x01`` is
+decoded as it arrives and its samples appended to the session; every output frame is encoded and
+sent as one ``0x01``, followed by the frame's ``0x02`` text piece. Client kinds other than audio
+are ignored. Undecodable audio: ``0x05`` + 1007. A crashed codec worker: ``0x05`` + 1011.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from ..counters import Counters
+from ..faults import Faults
+from ..model.engine import EngineFamily
+from ..protocol import api_chat as wire
+from ..protocol import errors
+from ..protocol.errors import ProtocolError
+from ..server import DuplexServer, SlotReservation
+from ..session import events as ev
+from .connection import CLOSE_CODES, Connection, Transport
+from .dialects import Command, Opening, OutboundMessage, WireMessage
+
+log = logging.getLogger(__name__)
+
+# How long the handshake may wait for the slot's prompt prefill before the session ends (1011).
+PREPARE_TIMEOUT_S = 30.0
+# Session close reasons of this dialect and their close codes (added to the shared table).
+INVALID_AUDIO = "invalid_audio"
+CODEC_LOST = "codec_lost"
+CLOSE_CODES.setdefault(INVALID_AUDIO, 1007)
+CLOSE_CODES.setdefault(CODEC_LOST, 1011)
+
+
+class OpusStream(Protocol):
+    """One session's Opus decoder and encoder (``duplex_actors.opus.pool.OpusStream``)."""
+
+    async def decode(self, data: bytes) -> npt.NDArray[np.float32]: ...
+
+    async def encode(self, pcm: npt.NDArray[np.float32]) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class OpusPool(Protocol):
+    """The server's codec worker processes (``duplex_actors.opus.pool.OpusPool``)."""
+
+    async def open_stream(self) -> OpusStream: ...
+
+
+def _codec_errors() -> tuple[type[BaseException], type[BaseException]]:
+    from ..opus.pool import CodecWorkerLost, OpusUndecodable
+
+    return OpusUndecodable, CodecWorkerLost
+
+
+class ApiChatDialect:
+    """The dialect as the connection handler sees it (``web.dialects.Dialect``)."""
+
+    name = "api_chat"
+    opens_on_first_message = False
+    first_message_timeout_message = ""
+
+    def __init__(self, args: Mapping[str, str]) -> None:
+        self.args = args
+        self.query: wire.ChatQuery | None = None
+        self.output: dict[str, Any] = {"audio": "ogg_opus"}
+
+    def opening(self, family: EngineFamily, *, client_sampling: bool) -> Opening:
+        """Parse and validate the query (raises ProtocolError: the caller refuses with 1008)."""
+        query = wire.parse_query(self.args)
+        self.query = query
+        self.output = {"audio": "ogg_opus", "handshake": query.handshake}
+        config = wire.session_config(query, prompts=family.name != "moshi", client_sampling=client_sampling)
+        sampling = {k: v for k, v in config.items() if k not in ("voice", "instructions")}
+        try:
+            prompt = family.session_prompt(
+                voice=config.get("voice"), persona=config.get("instructions"), sampling=sampling
+            )
+            family.check_context(prompt)
+        except Exception as exc:
+            code = getattr(exc, "code", errors.INVALID_VALUE)
+            message = str(exc)
+            if code == errors.INVALID_VOICE and family.voices and "bundled voices" not in message:
+                message = f"{message}; bundled voices: {', '.join(family.voices)}"
+            param = "voice_prompt" if code == errors.INVALID_VOICE else None
+            raise ProtocolError(code, message, param=param) from None
+        return Opening(config)
+
+    def projection(self, session_id: str) -> wire.ApiChatProjection:
+        return wire.ApiChatProjection(session_id)
+
+    def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
+        if code == errors.RESOURCE_EXHAUSTED:
+            message = f"server busy: {message}"
+        return wire.error_message(message)
+
+    def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
+        raise ProtocolError(errors.BAD_EVENT, "/api/chat messages are handled by its connection")
+
+    def first_message(self, data: WireMessage) -> Opening:
+        return Opening()
+
+
+class ApiChatConnection(Connection):
+    def __init__(
+        self,
+        server: DuplexServer,
+        transport: Transport,
+        *,
+        dialect: ApiChatDialect,
+        idle_timeout_s: float,
+        counters: Counters,
+        opus_pool: OpusPool | None,
+        faults: Faults | None = None,
+        reservation: SlotReservation | None = None,
+    ) -> None:
+        super().__init__(
+            server,
+            transport,
+            dialect=dialect,  # type: ignore[arg-type]  # its projection yields EncodeAudio too
+            idle_timeout_s=idle_timeout_s,
+            counters=counters,
+            faults=faults,
+            reservation=reservation,
+        )
+        self.chat = dialect
+        self.opus_pool = opus_pool
+        self.stream: OpusStream | None = None
+        self.ready = False  # the handshake is sent: audio from now on reaches the session
+        self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
+        self._send_lock = trio.Lock()
+        self._last_sent = trio.current_time()
+
+    async def _send_obj(self, message: OutboundMessage) -> None:
+        async with self._send_lock:
+            await super()._send_obj(message)
+            self._last_sent = trio.current_time()
+
+    async def run(self, opening: Opening | None = None) -> None:
+        try:
+            await super().run(opening)
+        finally:
+            if self.stream is not None:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.stream.aclose()
+                    except Exception:
+                        log.exception("closing an Opus stream failed")
+
+    # -- writing ----------------------------------------------------------------------------------
+    async def _writer(self, projection: Any) -> None:
+        session = self.session
+        assert session is not None
+        events = session.events()
+        closed_seen = False
+        try:
+            if self.opus_pool is None:
+                raise RuntimeError("the Opus codec pool is not running")
+            self.stream = await self.opus_pool.open_stream()
+        except Exception as exc:
+            log.error("session %s: no Opus stream: %s", session.session_id, exc)
+            await session.reject("session.open", errors.INTERNAL_ERROR, "the audio codec is unavailable")
+            await session.close("error")
+        async for event in events:
+            if not self.ready and not closed_seen and isinstance(event, ev.SessionUpdated):
+                # The session's Open is applied, so its slot's reset has been requested.
+                await self._handshake()
+            for message in projection.project(event):
+                if isinstance(message, wire.EncodeAudio):
+                    await self._send_audio(message)
+                else:
+                    await self._send_obj(message)
+            if isinstance(event, ev.SessionClosed):
+                closed_seen = True
+                code = CLOSE_CODES.get(event.reason)
+                if code is not None:
+                    await self._close(code, event.reason)
+                break
+        if not closed_seen:
+            reason = session.close_reason or "error"
+            await self._close(CLOSE_CODES.get(reason, 1011), reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _handshake(self) -> None:
+        session = self.session
+        assert session is not None
+        with trio.move_on_after(PREPARE_TIMEOUT_S) as waited:
+            await self.server.scheduler.wait_reset(session.slot)
+        if waited.cancelled_caught:
+            await session.reject(
+                "session.open", errors.INTERNAL_ERROR, "the session's prompt was not ready in time"
+            )
+            await session.close("error")
+            return
+        if session.closed or session.close_reason is not None:
+            return
+        query = self.chat.query
+        await self._send_obj(wire.handshake(query.handshake if query is not None else "python"))
+        self.ready = True
+        if self._nursery is not None:
+            self._nursery.start_soon(self._keepalive)
+
+    async def _send_audio(self, message: wire.EncodeAudio) -> None:
+        stream = self.stream
+        if stream is None:
+            return
+        pcm = np.frombuffer(message.pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        try:
+            ogg = await stream.encode(pcm)
+        except _codec_errors()[1]:
+            await self._codec_lost()
+            return
+        await self._send_obj(wire.audio_message(ogg))
+
+    async def _keepalive(self) -> None:
+        """A ping after ``KEEPALIVE_S`` without a message: the model is lockstep, so a client
+        that stops sending gets no audio, and the stock UIs close after 10 s of silence."""
+        while self._closed_code is None:
+            due = self._last_sent + wire.KEEPALIVE_S
+            if trio.current_time() >= due:
+                await self._send_obj(wire.PING)
+                continue
+            await trio.sleep_until(due)
+
+    # -- reading ----------------------------------------------------------------------------------
+    async def _handle(self, data: WireMessage) -> None:
+        session = self.session
+        assert session is not None
+        if self.faults is not None:
+            self.faults.before_message()
+        kind, payload = wire.split_message(data)
+        if kind != wire.KIND_AUDIO:
+            self.counters.ignored_messages["api_chat_kind"] += 1
+            return
+        if not self.ready:
+            self.counters.ignored_messages["api_chat_pre_handshake"] += 1
+            return
+        stream = self.stream
+        assert stream is not None
+        undecodable, lost = _codec_errors()
+        try:
+            pcm = await stream.decode(payload)
+        except undecodable as exc:
+            await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
+            await session.close(INVALID_AUDIO)
+            return
+        except lost:
+            await self._codec_lost()
+            return
+        if len(pcm) == 0:
+            return
+        try:
+            await session.append(pcm)
+        except trio.ClosedResourceError:
+            pass  # the session ended meanwhile: the writer closes
+
+    async def _codec_lost(self) -> None:
+        session = self.session
+        assert session is not None
+        if session.closed:
+            return
+        try:
+            await session.reject("audio", errors.INTERNAL_ERROR, "the audio codec worker failed")
+        except trio.ClosedResourceError:
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(session.close, CODEC_LOST)
+
+
+__all__ = ["ApiChatConnection", "ApiChatDialect", "OpusPool", "OpusStream"]
