@@ -46,6 +46,8 @@ RULES += [
 ]
 RULES += [((m,), MODEL) for m in ("duplex_actors.session.actor", "duplex_actors.session.inbox")]
 RULES += [((m,), TRIO + MODEL) for m in ("duplex_actors.log.segment", "duplex_actors.log.records")]
+# /api/chat's codec worker processes load neither trio nor the model (only the pool is a trio shell)
+RULES += [(tuple(m for m in modules_of("opus") if not m.endswith(".pool")), TRIO + MODEL)]
 # The client and the model need no fresh interpreter each (the contracts check them statically
 # too): one interpreter imports a group's modules in turn, and each is charged with what its own
 # import added (the model's modules all load torch, ~3 s an interpreter).

@@ -145,6 +145,7 @@ class ModelHolder:
                 log_max_bytes=cfg.log_max_bytes,
                 limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
                 outbox_size=cfg.outbox_events,
+                opus_workers=cfg.opus_workers,
             ) as server,
             trio.open_nursery() as nursery,
         ):
@@ -318,6 +319,7 @@ async def metrics() -> Any:
         dialects_active=Counter(server.session_dialects.values()) if server is not None else None,
         recovered_logs=len(server.recovered_logs) if server is not None else 0,
         uploader=holder.uploader,
+        opus=server.opus_pool.stats() if server is not None and server.opus_pool is not None else None,
     )
     return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     from hypercorn.trio import serve
 
     from .app import create_app
-    from .config import ServerConfig
+    from .config import ServerConfig, _parse
     from .web.hardening import HardenedConfig
 
     config = ServerConfig(
@@ -61,6 +61,11 @@ def _serve(args: argparse.Namespace) -> int:
         admission_refusal=args.admission_refusal,
         log_upload=args.log_upload,
         s3_endpoint_url=args.s3_endpoint_url,
+        opus_workers=(
+            args.opus_workers
+            if args.opus_workers is not None
+            else _parse(os.environ, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
+        ),
     )
     hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]
@@ -203,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="/api/chat: let the query's text/audio temperature, topk and seed set the session's "
         "sampling (default: ignored, greedy); or DUPLEX_CLIENT_SAMPLING=1",
+    )
+    serve.add_argument(
+        "--opus-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Opus codec processes for /api/chat sessions, started on the first one "
+        "(default: DUPLEX_OPUS_WORKERS, else half the CPUs, 1 to 4)",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

@@ -55,10 +55,14 @@ class ServerConfig:
     admission_refusal: str = "inband"  # or "http": HTTP 503 + Retry-After at the handshake
     log_upload: str | None = None  # s3://bucket/prefix
     s3_endpoint_url: str | None = None
+    # /api/chat's Opus codec processes; None: opus.pool.default_opus_workers() (started lazily)
+    opus_workers: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.admission_refusal not in ADMISSION_REFUSALS:
             raise ValueError(f"admission_refusal must be one of {ADMISSION_REFUSALS}")
+        if self.opus_workers is not None and self.opus_workers < 1:
+            raise ConfigError(f"opus workers: {self.opus_workers}: expected at least 1")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -85,6 +89,9 @@ class ServerConfig:
                 return False
             raise ConfigError(f"{name}={env[name]!r}: expected 1/true/yes/on or 0/false/no/off")
 
+        opus_workers = _parse(env, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
+        if opus_workers is not None and opus_workers < 1:
+            raise ConfigError(f"DUPLEX_OPUS_WORKERS={opus_workers}: expected at least 1")
         refusal = env.get("DUPLEX_ADMISSION_REFUSAL") or default.admission_refusal
         if refusal not in ADMISSION_REFUSALS:
             raise ConfigError(
@@ -114,4 +121,5 @@ class ServerConfig:
             admission_refusal=refusal,
             log_upload=env.get("DUPLEX_LOG_UPLOAD") or None,
             s3_endpoint_url=env.get("DUPLEX_S3_ENDPOINT_URL") or None,
+            opus_workers=opus_workers,
         )

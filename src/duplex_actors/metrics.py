@@ -64,6 +64,7 @@ def render(
     recovered_logs: int = 0,
     dialects_active: Mapping[str, int] | None = None,
     uploader: Any | None = None,
+    opus: Any | None = None,
 ) -> str:
     out = _Writer()
     if scheduler is not None:
@@ -214,6 +215,8 @@ def render(
         )
     if uploader is not None:
         _render_uploads(out, uploader.statistics())
+    if opus is not None:
+        _render_opus(out, opus)
     return out.text()
 
 
@@ -250,4 +253,44 @@ def _render_uploads(out: _Writer, st: Any) -> None:
         "Logs not uploaded, by reason (missing: deleted before; unreadable; conflict: another object "
         "of that name exists, the local file is kept).",
         [("", {"reason": k}, v) for k, v in st.abandoned],
+    )
+
+
+def _render_opus(out: _Writer, st: Any) -> None:
+    """``/api/chat``'s codec pool, once started: ``duplex_actors.opus.pool.OpusPoolStats``."""
+    out.metric(
+        "duplex_opus_worker_sessions",
+        "gauge",
+        "Opus streams (/api/chat sessions) held by each codec worker process.",
+        [("", {"worker": w.index}, w.sessions) for w in st.workers],
+    )
+    out.metric(
+        "duplex_opus_worker_up",
+        "gauge",
+        "1 while the codec worker process runs, 0 while it is being restarted.",
+        [("", {"worker": w.index}, int(w.alive)) for w in st.workers],
+    )
+    out.metric(
+        "duplex_opus_worker_restarts_total",
+        "counter",
+        "Codec worker processes that died and were replaced (their sessions ended with internal_error).",
+        [("", {}, st.restarts)],
+    )
+    out.metric(
+        "duplex_opus_streams_lost_total",
+        "counter",
+        "Opus streams ended by the death of their codec worker.",
+        [("", {}, st.streams_lost)],
+    )
+    out.metric(
+        "duplex_opus_ops_total",
+        "counter",
+        "Codec operations answered by the workers, by op.",
+        [("", {"op": op}, n) for op, n in st.ops],
+    )
+    out.metric(
+        "duplex_opus_codec_seconds_total",
+        "counter",
+        "CPU seconds the codec workers spent in each op (encode dominates: ~1 ms per 80 ms frame).",
+        [("", {"op": op}, sec) for op, sec in st.codec_seconds],
     )

@@ -40,6 +40,7 @@ from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
+from .opus.pool import OpusPool, open_opus_pool
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .session import events as ev
@@ -249,6 +250,35 @@ class DuplexServer:
         self.opening: set[str] = set()  # ids between log creation and registration
         # Called with (session_id, log path) once a session's log is closed (finished or failed).
         self.on_log_finished: list[Callable[[str, Path], None]] = []
+        # The Opus codec processes of /api/chat sessions: started by get_opus_pool() on first use.
+        self.opus_workers: int | None = None  # None: opus.pool.default_opus_workers()
+        self.opus_pool: OpusPool | None = None
+        self._opus_lock = trio.Lock()
+
+    async def get_opus_pool(self) -> OpusPool:
+        """The Opus codec pool (``opus_workers`` processes), started on the first call; it runs
+        until the server exits. Raises what starting a worker raised (OSError, TooSlowError)."""
+        if self.opus_pool is None:
+            async with self._opus_lock:
+                if self.opus_pool is None:
+                    self.opus_pool = await self._nursery.start(self._run_opus_pool)
+        return self.opus_pool
+
+    async def _run_opus_pool(self, *, task_status: trio.TaskStatus[OpusPool]) -> None:
+        started = False
+        try:
+            async with open_opus_pool(self.opus_workers) as pool:
+                task_status.started(pool)
+                started = True
+                await trio.sleep_forever()
+        except Exception:
+            if not started:
+                raise
+            # A bug in the pool must not take the sessions of every other dialect down with it.
+            logging.getLogger(__name__).exception("the Opus codec pool failed; the next use starts one")
+        finally:
+            if started:
+                self.opus_pool = None
 
     def _check_admitting(self) -> None:
         if not self.accepting:
@@ -464,6 +494,7 @@ async def open_duplex_server(
     log_max_age_s: float | None = None,
     log_max_bytes: int | None = None,
     retention_interval_s: float = 60.0,
+    opus_workers: int | None = None,
 ) -> AsyncIterator[DuplexServer]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
@@ -471,6 +502,7 @@ async def open_duplex_server(
     and log I/O inline instead of in worker threads. ``session_ids`` makes ids (random by
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
+    ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -494,6 +526,7 @@ async def open_duplex_server(
                 session_ids=session_ids,
             )
             server.recovered_logs = recovered
+            server.opus_workers = opus_workers
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(
                     _retention, server, io, log_dir, log_max_age_s, log_max_bytes, retention_interval_s
