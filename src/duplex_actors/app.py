@@ -57,7 +57,7 @@ from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
-from .web.api_chat import ApiChatConnection, ApiChatDialect, OpusPool
+from .web.api_chat import ApiChatConnection, ApiChatDialect
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
 from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
@@ -88,7 +88,6 @@ class ModelHolder:
         self.draining = False
         self.paused = False  # SIGUSR1: no new sessions, the live ones go on
         self.uploader: LogUploader | None = None
-        self.opus_pool: OpusPool | None = None  # the /api/chat codec workers, once started
         self.connections: set[Connection] = set()
         self._connections_changed = trio.Event()
         self.counters = Counters()
@@ -449,7 +448,6 @@ async def _run_connection(
             dialect=dialect,
             idle_timeout_s=holder.config.idle_timeout_s,
             counters=holder.counters,
-            opus_pool=holder.opus_pool,
             faults=holder.faults,
             reservation=reservation,
         )

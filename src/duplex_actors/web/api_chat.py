@@ -52,6 +52,10 @@ class OpusStream(Protocol):
 
     async def decode(self, data: bytes) -> npt.NDArray[np.float32]: ...
 
+    async def discard(self, data: bytes) -> None:
+        """Consume ``data`` (header pages count) without decoding audio."""
+        ...
+
     async def encode(self, pcm: npt.NDArray[np.float32]) -> bytes: ...
 
     async def aclose(self) -> None: ...
@@ -126,7 +130,6 @@ class ApiChatConnection(Connection):
         dialect: ApiChatDialect,
         idle_timeout_s: float,
         counters: Counters,
-        opus_pool: OpusPool | None,
         faults: Faults | None = None,
         reservation: SlotReservation | None = None,
     ) -> None:
@@ -140,7 +143,6 @@ class ApiChatConnection(Connection):
             reservation=reservation,
         )
         self.chat = dialect
-        self.opus_pool = opus_pool
         self.stream: OpusStream | None = None
         self.ready = False  # the handshake is sent: audio from now on reaches the session
         self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
@@ -153,6 +155,14 @@ class ApiChatConnection(Connection):
             self._last_sent = trio.current_time()
 
     async def run(self, opening: Opening | None = None) -> None:
+        # The stream first: the reader feeds it from the first message (header pages).
+        try:
+            pool: OpusPool = await self.server.get_opus_pool()  # started on first use
+            self.stream = await pool.open_stream()
+        except Exception as exc:
+            log.error("no Opus stream for an /api/chat connection: %s", exc)
+            await self.refuse(errors.INTERNAL_ERROR, "the audio codec is unavailable", 1011)
+            return
         try:
             await super().run(opening)
         finally:
@@ -167,17 +177,8 @@ class ApiChatConnection(Connection):
     async def _writer(self, projection: Any) -> None:
         session = self.session
         assert session is not None
-        events = session.events()
         closed_seen = False
-        try:
-            if self.opus_pool is None:
-                raise RuntimeError("the Opus codec pool is not running")
-            self.stream = await self.opus_pool.open_stream()
-        except Exception as exc:
-            log.error("session %s: no Opus stream: %s", session.session_id, exc)
-            await session.reject("session.open", errors.INTERNAL_ERROR, "the audio codec is unavailable")
-            await session.close("error")
-        async for event in events:
+        async for event in session.events():
             if not self.ready and not closed_seen and isinstance(event, ev.SessionUpdated):
                 # The session's Open is applied, so its slot's reset has been requested.
                 await self._handshake()
@@ -249,13 +250,15 @@ class ApiChatConnection(Connection):
         if kind != wire.KIND_AUDIO:
             self.counters.ignored_messages["api_chat_kind"] += 1
             return
-        if not self.ready:
-            self.counters.ignored_messages["api_chat_pre_handshake"] += 1
-            return
         stream = self.stream
         assert stream is not None
         undecodable, lost = _codec_errors()
         try:
+            if not self.ready:
+                # Dropped, but through the decoder: its header pages set the stream up.
+                self.counters.ignored_messages["api_chat_pre_handshake"] += 1
+                await stream.discard(payload)
+                return
             pcm = await stream.decode(payload)
         except undecodable as exc:
             await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
