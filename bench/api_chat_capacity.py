@@ -70,7 +70,7 @@ class ServerCpu:
         return main, kids
 
 
-class ChildAwareMeter(CpuMeter):
+class ChildAwareMeter(CpuMeter):  # type: ignore[misc]  # bench/ is not a package: serving is Any
     """:class:`serving.CpuMeter`, with the server's children (codec workers) counted as the server's."""
 
     def __init__(self, server: Server, cpu: ServerCpu) -> None:

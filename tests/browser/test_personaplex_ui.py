@@ -24,10 +24,9 @@ from typing import Any
 
 import pytest
 
-from duplex_actors.log import records as r
-from duplex_actors.log.segment import read_log
 from duplex_actors.replay.replayer import replay_logic
 from tests.e2e.conftest import ServerProcess, start_server
+from tests.e2e.test_api_chat_clients import api_chat_log
 
 from .conftest import CHROMEDRIVER, CHROMIUM
 from .test_page import chromium_args
@@ -128,9 +127,10 @@ def test_personaplex_ui_talks(ui_server: ServerProcess, chromium: Any) -> None:
     button("Connect").click()
     wait("connected (the Disconnect button)", lambda: button("Disconnect") is not None, 30, driver)
     connected_at = time.monotonic()
-    wait("2 s of audio played back", lambda: audio_played_s(driver) >= 2.0, 20, driver)
-    time.sleep(max(0.0, STREAM_S - (time.monotonic() - connected_at)))
-    played = audio_played_s(driver)
+    wait("1 s of audio played back", lambda: audio_played_s(driver) >= 1.0, 20, driver)
+    t1, played1 = time.monotonic(), audio_played_s(driver)
+    time.sleep(max(2.0, STREAM_S - (t1 - connected_at)))
+    t2, played2 = time.monotonic(), audio_played_s(driver)
     body = driver.execute_script("return document.body.innerText")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     assert driver.save_screenshot(str(SCREENSHOT))
@@ -139,8 +139,16 @@ def test_personaplex_ui_talks(ui_server: ServerProcess, chromium: Any) -> None:
 
     traffic = ws_traffic(driver.get_log("performance"))
     console = driver.get_log("browser")
-    errors = [e for e in console if e.get("level") == "SEVERE"]
-    assert not errors, errors  # no page error (an unknown kind would throw in decodeMessage)
+    # No page error (an unknown kind would throw in decodeMessage). The UI's stylesheet asks
+    # Google Fonts for its typeface: offline, that one fetch fails; any failed load from the
+    # server's own origin counts.
+    errors = [
+        e
+        for e in console
+        if e.get("level") == "SEVERE"
+        and not (e.get("source") == "network" and not e.get("message", "").startswith(ui_server.base))
+    ]
+    assert not errors, errors
 
     (url,) = traffic["urls"]
     assert url.startswith(ui_server.ws + "/api/chat?")
@@ -150,27 +158,19 @@ def test_personaplex_ui_talks(ui_server: ServerProcess, chromium: Any) -> None:
     assert traffic["received"][0][1] == b""
     counts = Counter(kinds)
     assert set(counts) <= {0, 1, 2}, counts  # nothing a PersonaPlex UI cannot decode
-    # one 0x01 per 80 ms step: about STREAM_S / 0.08 of them (the UI's own pace bounds it)
-    assert counts[1] >= 0.6 * STREAM_S / 0.08, counts
+    # Lockstep: one 0x01 per 80 ms of input, and opus-recorder sends a page per 40 ms (the header
+    # pages apart), so about half as many audio messages come back as went out (some in flight).
     sent = Counter(traffic["sent"])
-    assert sent[1] >= 0.6 * STREAM_S / 0.04, sent  # opus-recorder: a page per 40 ms
-    assert played >= 0.6 * STREAM_S, played
+    assert sent[1] >= 0.5 * STREAM_S / 0.04, sent
+    assert counts[1] >= 0.8 * (sent[1] - 2) / 2 - 3, (counts, sent)
+    # Once playing, the reply keeps playing (the UI's clock; late audio counts as missed, apart).
+    assert played2 - played1 >= 0.5 * (t2 - t1), (played1, played2, t2 - t1)
     pieces = [p.decode() for k, p in traffic["received"] if k == 2]
     shown = [p.strip() for p in pieces if p.strip()]
     assert shown, counts  # the model's text came
     assert shown[0] in body  # ... and the UI shows it
 
     # The session log replays identically.
-    deadline = time.monotonic() + 10
-    while True:
-        logs = sorted(ui_server.log_dir.glob("*.dlog"))
-        done = [
-            p for p in logs if (recs := [x for _, x in read_log(p).records]) and isinstance(recs[-1], r.End)
-        ]
-        if done or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert len(done) == 1, logs
-    report = replay_logic(done[0])
+    report = replay_logic(api_chat_log(ui_server))
     assert report.complete and report.identical, report.summary()
     assert report.frames_out >= counts[1] - 1

@@ -94,7 +94,7 @@ class EchoServer:
             return
         self.active += 1
         reader, writer = sphn.OpusStreamReader(24_000), sphn.OpusStreamWriter(24_000)
-        pending = np.zeros(0, np.float32)
+        pending: np.ndarray = np.zeros(0, np.float32)
         try:
             await ws.send_message(b"\x00")
             while True:

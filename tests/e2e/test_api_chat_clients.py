@@ -215,19 +215,28 @@ def audible_back(device: Device, printer: RecordingPrinter) -> tuple[int, int]:
     return loud, after
 
 
-def only_log(server: ServerProcess, timeout: float = 10.0) -> Path:
+def api_chat_log(server: ServerProcess, timeout: float = 10.0) -> Path:
+    """The one finished ``/api/chat`` session log (the server also logs its warm-up session)."""
     deadline = time.monotonic() + timeout
+    found: list[Path] = []
     while time.monotonic() < deadline:
-        logs = sorted(server.log_dir.glob("*.dlog"))
-        if len(logs) == 1:
+        found = []
+        for path in sorted(server.log_dir.glob("*.dlog")):
             try:
-                recs = [rec for _, rec in read_log(logs[0]).records]
+                recs = [rec for _, rec in read_log(path).records]
             except Exception:
-                recs = []
-            if recs and isinstance(recs[-1], r.End):
-                return logs[0]
+                continue
+            if (
+                recs
+                and isinstance(recs[0], r.Header)
+                and recs[0].dialect == "api_chat"
+                and isinstance(recs[-1], r.End)
+            ):
+                found.append(path)
+        if len(found) == 1:
+            return found[0]
         time.sleep(0.1)
-    raise AssertionError(f"no finished session log in {server.log_dir}: {list(server.log_dir.glob('*'))}")
+    raise AssertionError(f"not one finished /api/chat log in {server.log_dir}: {found}")
 
 
 def test_moshi_client_unmodified(
@@ -237,10 +246,13 @@ def test_moshi_client_unmodified(
     try:
         device, printer = run_moshi_client(moshi_client, server, speech)
         loud, after = audible_back(device, printer)
+        print(
+            f"\nAUDIBLE {loud} of {after} sent after the handshake ({len(device.sent_at)} sent, {len(device.played)} played)"
+        )
         assert after >= 0.7 * len(device.sent_at) and after > 20, (after, len(device.sent_at))
         assert loud >= MIN_BACK * after, (loud, after)
         assert not [m for _, level, m in printer.logs if level == "error"], printer.logs
-        log = only_log(server)
+        log = api_chat_log(server)
     finally:
         server.stop()
     steps = [rec for _, rec in read_log(log).records if isinstance(rec, r.Step)]
@@ -262,6 +274,9 @@ def test_moshi_client_negative_control(
     try:
         device, printer = run_moshi_client(moshi_client, server, speech[: 24000 * 2])
         loud, after = audible_back(device, printer)
+        print(
+            f"\nAUDIBLE {loud} of {after} sent after the handshake ({len(device.sent_at)} sent, {len(device.played)} played)"
+        )
     finally:
         server.stop()
     assert after > 10
