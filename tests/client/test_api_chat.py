@@ -2,12 +2,15 @@
 sphn's own streams, and ``open_api_chat_client`` / ``duplex-load --dialect api-chat`` against a
 small in-process server that speaks spec section 9 (handshake, one ``0x01`` per 80 ms input
 frame, ``0x02`` text after it, ``0x05`` + 1013 when busy). The real server and the real clients
-are tested in tests/e2e/test_api_chat_clients.py and tests/browser/test_personaplex_ui.py."""
+are tested in tests/e2e/test_api_chat_clients.py and tests/browser/test_personaplex_ui.py;
+the last test here runs duplex-client and duplex-load against the real server."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.client import load
 from duplex_actors.client.apichat import api_chat_url, is_api_chat_url, open_api_chat_client
-from duplex_actors.client.audio import rms, speech_like
+from duplex_actors.client.audio import read_wav, rms, speech_like
 from duplex_actors.client.errors import ResourceExhausted, SessionRefused
 from duplex_actors.client.opus import OggOpusCounter, encode_opus_messages, opus_packet_samples
 
@@ -201,3 +204,64 @@ async def test_duplex_load_api_chat_report(tmp_path: Path) -> None:
     assert agg["decoded_sessions"] == 2 and agg["audible_fraction"] > 0.5  # sessions 0 and 2
     assert agg["client_cpu_pct_per_session"] is not None
     assert [s["audible_frames"][1] for s in report["sessions"] if "audible_frames" in s] == [15, 15]
+
+
+# -- the tools against the real server ------------------------------------------------------------
+def test_duplex_client_and_load_on_the_real_server(
+    server: Any, speech_wav: tuple[Path, bool], tmp_path: Path
+) -> None:
+    """``duplex-client`` on /api/chat: every frame back, audible (the parrot echoes the codes);
+    an unknown voice is exit 5 naming it; ``duplex-load`` on the same server: coverage 1.0."""
+    bin_dir = Path(sys.executable).parent
+    wav, _ = speech_wav
+    url = f"{server.ws}/api/chat"
+    out = tmp_path / "reply.wav"
+    proc = subprocess.run(
+        [
+            str(bin_dir / "duplex-client"),
+            "--url",
+            url,
+            "--input",
+            str(wav),
+            "--output",
+            str(out),
+            "--voice",
+            "NATF0.pt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "handshake b'\\x00'" in proc.stderr
+    reply, rate = read_wav(out)
+    sent = int(proc.stderr.split(" for ")[1].split()[0])
+    assert rate == 24_000 and reply.shape[0] == sent * FRAME_SAMPLES
+    assert rms(reply[:, 0]) > 1e-3
+    proc = subprocess.run(
+        [
+            str(bin_dir / "duplex-client"),
+            "--url",
+            url,
+            "--input",
+            str(wav),
+            "--output",
+            str(out),
+            "--voice",
+            "x.pt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 5 and "x.pt" in proc.stderr and "1008" in proc.stderr, proc.stderr
+    proc = subprocess.run(
+        [str(bin_dir / "duplex-load"), "--url", url, "-n", "2", "-s", "2", "--out", str(tmp_path / "load")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    agg = json.loads((tmp_path / "load" / "load.json").read_text())["aggregate"]
+    assert agg["coverage"] == 1.0 and agg["lost_frames"] == 0 and agg["failed_sessions"] == 0
+    assert agg["decoded_sessions"] == 1 and agg["audible_fraction"] > 0.8
