@@ -54,7 +54,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -252,48 +252,56 @@ async def run_trial(opts: Options, n: int, audio: Audio) -> Trial:
             start[0] = trio.current_time() + 0.1
             go.set()
 
+    async def realtime(run: SessionRun, mark_open: Callable[[], None]) -> None:
+        assert isinstance(audio, EncodedAudio)
+        async with open_duplex_client(
+            opts.url,
+            api_key=opts.api_key,
+            config=opts.config,
+            queue_events=False,
+            on_event=run.on_event,
+        ) as client:
+            run.session_id = client.session_id
+            mark_open()
+            await go.wait()
+            await client.stream(audio, start=start[0] + run.offset, times=run.send_times)
+            with trio.move_on_after(opts.drain_s):
+                await client.wait_frames(
+                    len(frame_send_times(run.send_times, opts.ready_frames)), timeout=opts.drain_s + 1
+                )
+        run.close_reason = client.closed_event.reason if client.closed_event else None
+
+    async def api_chat(run: SessionRun, mark_open: Callable[[], None]) -> None:
+        assert isinstance(audio, tuple)
+        async with open_api_chat_client(
+            opts.url,
+            api_key=opts.api_key,
+            params=opts.query,
+            decode=run.index % max(1, opts.decode_every) == 0,
+            on_audio=run.on_opus,
+        ) as chat:
+            mark_open()
+            await go.wait()
+            await chat.stream(audio, start=start[0] + run.offset, times=run.send_times)
+            with trio.move_on_after(opts.drain_s):
+                await chat.wait_frames(len(run.send_times), timeout=opts.drain_s + 1)
+            if chat.pcm:
+                run.audible = audible_frames(chat.decoded())
+            run.errors += chat.errors
+        run.close_reason = f"{chat.close_code} {chat.close_reason or ''}".strip()
+
     async def session(run: SessionRun) -> None:
         signalled = False
         t_connect = trio.current_time()
+
+        def mark_open() -> None:
+            nonlocal signalled
+            run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
+            signalled = True
+            opened_or_failed()
+
         try:
-            if isinstance(audio, tuple):
-                async with open_api_chat_client(
-                    opts.url,
-                    api_key=opts.api_key,
-                    params=opts.query,
-                    decode=run.index % max(1, opts.decode_every) == 0,
-                    on_audio=run.on_opus,
-                ) as chat:
-                    run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
-                    signalled = True
-                    opened_or_failed()
-                    await go.wait()
-                    await chat.stream(audio, start=start[0] + run.offset, times=run.send_times)
-                    with trio.move_on_after(opts.drain_s):
-                        await chat.wait_frames(len(run.send_times), timeout=opts.drain_s + 1)
-                    if chat.pcm:
-                        run.audible = audible_frames(chat.decoded())
-                    run.errors += chat.errors
-                run.close_reason = f"{chat.close_code} {chat.close_reason or ''}".strip()
-                return
-            async with open_duplex_client(
-                opts.url,
-                api_key=opts.api_key,
-                config=opts.config,
-                queue_events=False,
-                on_event=run.on_event,
-            ) as client:
-                run.session_id = client.session_id
-                run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
-                signalled = True
-                opened_or_failed()
-                await go.wait()
-                await client.stream(audio, start=start[0] + run.offset, times=run.send_times)
-                with trio.move_on_after(opts.drain_s):
-                    await client.wait_frames(
-                        len(frame_send_times(run.send_times, opts.ready_frames)), timeout=opts.drain_s + 1
-                    )
-            run.close_reason = client.closed_event.reason if client.closed_event else None
+            await (api_chat if isinstance(audio, tuple) else realtime)(run, mark_open)
         except Unauthorized as exc:
             run.failure = f"unauthorized: {exc}"
         except ResourceExhausted:
