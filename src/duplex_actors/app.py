@@ -372,12 +372,15 @@ async def _websocket(dialect_name: str) -> Any:
     config = holder.config
     headers = {k.lower(): v for k, v in websocket.headers.items()}
     subprotocols = list(websocket.requested_subprotocols)
-    query_key = None
+    query_key: str | None = None
     if dialect_name == "api_chat":
         # Taken out of the query string by DuplexApp (so no log sees it); the bare quart app
         # (tests) still has it in the query.
-        query_key = websocket.scope.get(auth.QUERY_KEY_SCOPE) or next(
-            (websocket.args[k] for k in KEY_PARAMS if websocket.args.get(k)), None
+        taken = websocket.scope.get(auth.QUERY_KEY_SCOPE)
+        query_key = (
+            str(taken)
+            if taken
+            else next((websocket.args[k] for k in KEY_PARAMS if websocket.args.get(k)), None)
         )
     refusal = auth.check(
         api_key=config.api_key,

@@ -54,8 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         input_buffer_bytes=args.input_buffer_bytes,
         outbox_events=args.outbox_events,
         max_message_bytes=args.max_message_bytes,
-        client_sampling=args.client_sampling
-        or os.environ.get("DUPLEX_CLIENT_SAMPLING", "").strip().lower() in ("1", "true", "yes", "on"),
+        client_sampling=args.client_sampling,
         agent_port=args.agent_port,
         agent_host=args.agent_host or args.host,
         admission_refusal=args.admission_refusal,
@@ -207,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-sampling",
         action="store_true",
         help="/api/chat: let the query's text/audio temperature, topk and seed set the session's "
-        "sampling (default: ignored, greedy); or DUPLEX_CLIENT_SAMPLING=1",
+        "sampling (default: ignored, greedy)",
     )
     serve.add_argument(
         "--opus-workers",

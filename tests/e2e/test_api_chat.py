@@ -11,9 +11,11 @@ through ``tests/opus/libopus.py`` for the web UI's 20 ms packets two per page an
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -33,6 +35,7 @@ from trio_websocket import (
 
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
+from duplex_actors.replay.replayer import replay_logic
 
 from ..opus.libopus import needs_libopus, ogg_stream, opus_packets
 from .conftest import ServerProcess, http_get, start_server
@@ -63,6 +66,19 @@ def chat_server(tmp_path_factory, parrot_dir) -> Iterable[ServerProcess]:
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def slots_free(request) -> None:
+    """Each test starts with every slot of the shared server free: a slot is freed only after
+    its model state is reset, a moment after the client of the last test went away."""
+    if "chat_server" not in request.fixturenames:
+        return
+    server: ServerProcess = request.getfixturevalue("chat_server")
+    deadline = time.monotonic() + 10
+    while server.json("/ready")[1].get("slots_free") != 2:
+        assert time.monotonic() < deadline, "the shared server's slots were not freed"
+        time.sleep(0.05)
+
+
 def url(server: ServerProcess, query: dict[str, str] | None = None) -> str:
     q = urllib.parse.urlencode(query or {})
     return f"{server.ws}/api/chat" + (f"?{q}" if q else "")
@@ -71,6 +87,11 @@ def url(server: ServerProcess, query: dict[str, str] | None = None) -> str:
 def tone(seconds: float, hz: float = 330.0, amp: float = 0.3) -> np.ndarray:
     t = np.arange(round(seconds * SR)) / SR
     return (amp * np.sin(2 * np.pi * hz * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+
+def as_bytes(message: str | bytes) -> bytes:
+    assert isinstance(message, bytes), f"a text frame from the server: {message!r}"
+    return message
 
 
 def rms(x: np.ndarray) -> float:
@@ -134,7 +155,7 @@ async def collect(ws: WebSocketConnection, into: Received, *, until_audio: int |
     """Read until the socket closes (or ``until_audio`` audio messages arrived)."""
     try:
         while until_audio is None or len(into.audio()) < until_audio:
-            into.messages.append(bytes(await ws.get_message()))
+            into.messages.append(as_bytes(await ws.get_message()))
     except ConnectionClosed as closed:
         assert closed.reason is not None
         into.code, into.reason = closed.reason.code, closed.reason.reason
@@ -142,7 +163,7 @@ async def collect(ws: WebSocketConnection, into: Received, *, until_audio: int |
 
 async def handshake(ws: WebSocketConnection, timeout: float = 15.0) -> bytes:
     with trio.fail_after(timeout):
-        return bytes(await ws.get_message())
+        return as_bytes(await ws.get_message())
 
 
 async def refused(target: str) -> Received:
@@ -294,11 +315,12 @@ async def test_keepalive_ping_when_the_client_sends_nothing(chat_server):
     async with chat(url(chat_server)) as ws:
         assert await handshake(ws) == b"\x00"
         with trio.fail_after(7):  # KEEPALIVE_S is 4: well inside the UIs' 10 s
-            assert bytes(await ws.get_message()) == b"\x06"
+            assert as_bytes(await ws.get_message()) == b"\x06"
 
 
 # -- refusals -------------------------------------------------------------------------------------
 async def test_malformed_ogg_is_0x05_then_1007(chat_server):
+    before = logs(chat_server)
     got = Received()
     async with chat(url(chat_server)) as ws:
         assert await handshake(ws) == b"\x00"
@@ -308,6 +330,9 @@ async def test_malformed_ogg_is_0x05_then_1007(chat_server):
             await collect(ws, got)
     assert got.code == 1007, (got.code, got.kinds())
     assert got.errors() and "Ogg" in got.errors()[-1]
+    (path,) = logs(chat_server) - before
+    recs = await finished(path)
+    assert recs[-2] == r.Close("invalid_audio") and replay_logic(path).identical
 
 
 @pytest.mark.parametrize(
@@ -343,6 +368,31 @@ async def test_busy_is_0x05_server_busy_then_1013_at_once(chat_server):
     assert got.code == 1013 and got.errors()[0].startswith("server busy")
 
 
+def opus_workers(server: ServerProcess) -> list[int]:
+    # Every thread's children: trio spawns processes from a worker thread.
+    tasks = Path(f"/proc/{server.proc.pid}/task").iterdir()
+    children = [c for t in tasks for c in (t / "children").read_text().split()]
+    return [
+        int(c) for c in children if b"duplex_actors.opus.worker" in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
+
+
+async def test_a_crashed_codec_worker_ends_its_sessions_with_0x05_then_1011(chat_server):
+    got = Received()
+    async with chat(url(chat_server)) as ws:
+        assert await handshake(ws) == b"\x00"
+        (worker,) = opus_workers(chat_server)  # the default on 2 CPUs: one worker
+        os.kill(worker, signal.SIGKILL)
+        with trio.fail_after(10):
+            for m in sphn_messages(tone(0.5)):
+                await ws.send_message(b"\x01" + m)
+            await collect(ws, got)
+    assert got.code == 1011 and got.errors() == ["the audio codec worker failed"]
+    async with chat(url(chat_server)) as ws:  # the pool started a new worker
+        assert await handshake(ws) == b"\x00"
+    assert opus_workers(chat_server) != [worker]
+
+
 def metric(server: ServerProcess, name: str) -> tuple[str, float]:
     status, body = http_get(server.base + "/metrics")
     assert status == 200
@@ -371,7 +421,9 @@ async def rejected_status(target: str) -> int:
 
 
 async def test_query_key_http_busy_and_drain(tmp_path, parrot_dir):
-    server = start_server(tmp_path, "--max-sessions", "1", "--api-key", KEY, "--admission-refusal", "http")
+    server = start_server(
+        tmp_path, "--max-sessions", "1", "--api-key", KEY, "--admission-refusal", "http", "--client-sampling"
+    )
     try:
         assert await rejected_status(url(server)) == 401
         assert await rejected_status(url(server, {"auth_id": "wrong"})) == 401
@@ -403,3 +455,12 @@ async def test_query_key_http_busy_and_drain(tmp_path, parrot_dir):
         assert KEY.encode() not in path.read_bytes()
     drained = [p for p in server.log_dir.glob("*.dlog") if records(p)[-2] == r.Close("server_shutdown")]
     assert len(drained) == 1 and len(got.audio()) == sum(isinstance(x, r.Step) for x in records(drained[0]))
+    header = records(drained[0])[0]
+    assert isinstance(header, r.Header)  # --client-sampling: the UI's values, audio_seed the seed
+    assert header.sampling == {
+        "temperature_text": 0.7,
+        "top_k_text": 25,
+        "temperature": 0.8,
+        "top_k": 250,
+        "seed": 456,
+    }

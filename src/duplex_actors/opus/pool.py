@@ -54,6 +54,7 @@ __all__ = [
     "OpusPool",
     "OpusPoolStats",
     "OpusStream",
+    "OpusUndecodable",
     "OpusWorkerStats",
     "default_opus_workers",
     "open_opus_pool",
@@ -123,16 +124,20 @@ class _ByteReader:
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        self._pos = 0  # consumed prefix, dropped only before the next read (no memmove per frame)
 
     async def read_exact(self, n: int) -> bytearray | None:
         """``n`` bytes, or None at EOF."""
-        while len(self._buffer) < n:
+        while len(self._buffer) - self._pos < n:
+            if self._pos:
+                del self._buffer[: self._pos]
+                self._pos = 0
             chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
             if not chunk:
                 return None
             self._buffer += chunk
-        out = self._buffer[:n]
-        del self._buffer[:n]
+        out = self._buffer[self._pos : self._pos + n]
+        self._pos += n
         return out
 
 
@@ -316,6 +321,10 @@ class OpusPool:
                 log.error("Opus worker %d failed to start (%s); retrying", index, exc)
                 await trio.sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
                 continue
+            if self.closing:  # the pool closed while this one started
+                with trio.CancelScope(shield=True):
+                    await _stop_process(worker.process, kill=True)
+                return
             self._workers[index] = worker
             self._wake()
             if first:
@@ -344,12 +353,26 @@ class OpusPool:
             )
 
     async def _write(self, worker: _Worker) -> None:
+        ended = False
         async with worker.requests_out:
             async for frame in worker.requests_out:
+                # Coalesce what is queued into one write: one syscall (and one trio wait) for
+                # the requests of every session that asked in the same tick.
+                batch = [frame]
+                while True:
+                    try:
+                        batch.append(worker.requests_out.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                    except trio.EndOfChannel:
+                        ended = True
+                        break
                 try:
-                    await worker.stdin.send_all(frame)
+                    await worker.stdin.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # the reader sees the EOF and fails the worker
+                if ended:
+                    break
         # The pool is closing (or the worker was lost): EOF on stdin ends the worker.
         with trio.CancelScope(shield=True):
             await worker.stdin.aclose()

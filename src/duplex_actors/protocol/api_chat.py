@@ -160,8 +160,8 @@ def parse_query(args: Mapping[str, str]) -> ChatQuery:
             if seed > MAX_SEED:
                 raise _refuse(param, f"expected an integer < 2**32, got {clip(args[param], 64)!r}")
             sampling.setdefault("seed", seed)
-    key = next((args[k] for k in KEY_PARAMS if args.get(k)), None)
-    return ChatQuery(persona=persona, voice=voice, sampling=sampling, handshake=form, key=key)
+    offered = next((args[k] for k in KEY_PARAMS if args.get(k)), None)
+    return ChatQuery(persona=persona, voice=voice, sampling=sampling, handshake=form, key=offered)
 
 
 def session_config(query: ChatQuery, *, prompts: bool, client_sampling: bool) -> dict[str, Any]:

@@ -68,7 +68,8 @@ class OpusPool(Protocol):
 
 
 def _codec_errors() -> tuple[type[BaseException], type[BaseException]]:
-    from ..opus.pool import CodecWorkerLost, OpusUndecodable
+    from ..opus.codec import OpusUndecodable
+    from ..opus.pool import CodecWorkerLost
 
     return OpusUndecodable, CodecWorkerLost
 
@@ -147,6 +148,7 @@ class ApiChatConnection(Connection):
         self.ready = False  # the handshake is sent: audio from now on reaches the session
         self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
         self._send_lock = trio.Lock()
+        self._codec_lost_seen = False
         self._last_sent = trio.current_time()
 
     async def _send_obj(self, message: OutboundMessage) -> None:
@@ -277,8 +279,9 @@ class ApiChatConnection(Connection):
     async def _codec_lost(self) -> None:
         session = self.session
         assert session is not None
-        if session.closed:
+        if session.closed or self._codec_lost_seen:
             return
+        self._codec_lost_seen = True  # the reader and the writer can both find it out
         try:
             await session.reject("audio", errors.INTERNAL_ERROR, "the audio codec worker failed")
         except trio.ClosedResourceError:
