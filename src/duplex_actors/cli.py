@@ -19,6 +19,9 @@ def _serve(args: argparse.Namespace) -> int:
         except BadS3Url as exc:
             print(f"duplex-actors: --log-upload: {exc}", file=sys.stderr)
             return 2
+    if args.static_ui and not (Path(args.static_ui) / "index.html").is_file():
+        print(f"duplex-actors: --static-ui {args.static_ui}: no index.html there", file=sys.stderr)
+        return 2
     from .log.lock import LogDirLocked, lock_log_dir
 
     try:
@@ -56,6 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_probe_interval_s=args.log_probe_interval,
         api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None,
         allowed_origins=tuple(args.allowed_origin),
+        static_ui=args.static_ui,
         idle_timeout_s=args.idle_timeout,
         input_buffer_bytes=args.input_buffer_bytes,
         outbox_events=args.outbox_events,
@@ -190,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="ORIGIN",
         help="allow browser Origin (repeatable)",
+    )
+    serve.add_argument(
+        "--static-ui",
+        default=None,
+        metavar="DIR",
+        help="serve a built web UI from DIR at / (its index.html) and its files by their paths, "
+        "e.g. the PersonaPlex client's dist/, which then talks to /api/chat on this origin",
     )
     serve.add_argument(
         "--idle-timeout", type=float, default=300.0, help="close a session after this many silent seconds"

@@ -45,6 +45,7 @@ class ServerConfig:
     log_probe_interval_s: float = 5.0
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    static_ui: str | None = None  # a built web UI (e.g. PersonaPlex's) served at / instead of the page
     idle_timeout_s: float = 300.0
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096

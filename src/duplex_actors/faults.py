@@ -12,6 +12,8 @@ Each fault is armed by a trigger file, so a test decides exactly when it fires::
   log, the writer's probe) fails with ERRNO (a name such as ENOSPC, EACCES; default ENOSPC).
 - ``handler_raise=PATH``: when PATH exists, the next client message makes its connection
   handler raise (PATH is removed).
+- ``step_silence=PATH``: while PATH exists, every step's output audio is silence (its tokens
+  unchanged): the negative control of the real-client audio checks.
 
 Never set this in production; the server logs a warning at start-up when it is set.
 """
@@ -62,6 +64,7 @@ class Faults:
     fsync_stall_ms: float = 0.0
     log_create_error: Path | None = None
     log_create_errno: int = errno.ENOSPC
+    step_silence: Path | None = None
 
     @property
     def active(self) -> bool:
@@ -74,6 +77,7 @@ class Faults:
                 self.handler_raise,
                 self.fsync_stall,
                 self.log_create_error,
+                self.step_silence,
             )
         )
 
@@ -103,7 +107,7 @@ class Faults:
                     fields["log_create_error"], fields["log_create_errno"] = Path(path), number
                 else:
                     fields["log_create_error"] = Path(value)
-            elif name in ("step_raise", "fsync_error", "handler_raise") and value:
+            elif name in ("step_raise", "fsync_error", "handler_raise", "step_silence") and value:
                 fields[name] = Path(value)
             else:
                 raise ConfigError(f"DUPLEX_FAULTS: unknown fault {item!r}")
@@ -118,6 +122,9 @@ class Faults:
             time.sleep(self.stall_ms / 1000)
         if _take(self.step_raise):
             raise InjectedFault("injected model step failure (DUPLEX_FAULTS step_raise)")
+
+    def silence_output(self) -> bool:
+        return self.step_silence is not None and self.step_silence.exists()
 
     def before_message(self) -> None:
         if _take(self.handler_raise):
@@ -192,4 +199,7 @@ class FaultyEngine:
 
     def step(self, frames: Mapping[int, npt.NDArray[np.float32]]) -> Mapping[int, StepOutput]:
         self._faults.before_step()
-        return self.engine.step(frames)
+        outputs = self.engine.step(frames)
+        if self._faults.silence_output():
+            return {slot: attrs.evolve(out, pcm=np.zeros_like(out.pcm)) for slot, out in outputs.items()}
+        return outputs

@@ -17,6 +17,11 @@ back a few ms, so the last frame does not come back (one frame fewer). The reply
 PCM16 at the rate the server sent (24 kHz; 8 kHz for G.711 output, decoded). Progress goes to
 stderr; the transcript (the model's text stream) to ``--transcript``.
 
+``--url ws://HOST:PORT/api/chat`` speaks the moshi / PersonaPlex dialect instead (detected from
+the path): the WAV goes out as Ogg/Opus (24 kHz, as ``moshi.client`` sends it) after the
+server's handshake, ``--voice``/``--persona`` become the ``voice_prompt``/``text_prompt`` query,
+the Opus reply is decoded into the reply WAV (24 kHz) and the text pieces into the transcript.
+
 Exit codes: 0 done; 2 bad arguments or unreadable input; 3 unauthorized (HTTP 401/403);
 4 server full (``resource_exhausted``: try again later); 5 refused, connection failed or lost;
 6 the reply was incomplete (not every frame came back in time; what came back is written).
@@ -35,7 +40,8 @@ import attrs
 import numpy as np
 import trio
 
-from ..audio import FRAME_S, SAMPLE_RATE, AudioError
+from ..audio import FRAME_S, SAMPLE_RATE, AudioError, float_to_pcm16
+from .apichat import is_api_chat_url, open_api_chat_client
 from .audio import (
     INPUT_FORMAT_HELP,
     OUTPUT_FORMAT_HELP,
@@ -61,6 +67,7 @@ from .errors import (
     Unauthorized,
 )
 from .events import AudioDelta, Error, ServerEvent, TranscriptDelta
+from .opus import encode_opus_messages
 
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
@@ -208,6 +215,11 @@ def prepare_input(path: str, tail_ms: float, rate: int = SAMPLE_RATE) -> Float32
 async def run(args: argparse.Namespace, err: TextIO) -> int:
     fmt: WireFormat = args.input_format
     out_fmt: WireFormat | None = args.output_format
+    if is_api_chat_url(args.url):
+        if str(fmt) != "pcm16@24000" or out_fmt is not None or args.beta:
+            print("duplex-client: --input-format/--output-format/--beta do not apply to /api/chat", file=err)
+            return EXIT_USAGE
+        return await run_api_chat(args, err)
     try:
         samples = prepare_input(args.input, args.tail_ms, fmt.rate)
     except (OSError, WavError) as exc:
@@ -290,6 +302,87 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
         )
     if not complete or reply.frames < frames:
         print(f"duplex-client: incomplete reply: {reply.frames} of {frames} frames came back", file=err)
+        return EXIT_INCOMPLETE
+    return EXIT_OK
+
+
+async def run_api_chat(args: argparse.Namespace, err: TextIO) -> int:
+    """The ``/api/chat`` dialect: Opus both ways, ``--voice``/``--persona`` as the
+    ``voice_prompt``/``text_prompt`` query; streams after the handshake."""
+    try:
+        samples = prepare_input(args.input, args.tail_ms)
+    except (OSError, WavError) as exc:
+        print(f"duplex-client: cannot read {args.input}: {exc}", file=err)
+        return EXIT_USAGE
+    messages = encode_opus_messages(samples)
+    sent = len(messages)
+    if sent == 0:
+        print(f"duplex-client: {args.input} holds no audio", file=err)
+        return EXIT_USAGE
+    reply = Reply(warn=err)
+    progress = Progress(sent, reply, err, quiet=args.quiet)
+    complete = True
+    try:
+        async with open_api_chat_client(
+            args.url,
+            api_key=args.api_key,
+            text_prompt=args.persona,
+            voice_prompt=args.voice,
+            decode=True,
+            handshake_timeout=max(30.0, args.timeout),
+        ) as client:
+            if not args.quiet:
+                print(
+                    f"duplex-client: handshake {client.handshake!r}; sending {sent * FRAME_S:.2f} s of "
+                    f"Ogg/Opus {'as fast as accepted' if args.fast else 'in real time'}",
+                    file=err,
+                )
+
+            def track(_sent: int, total: int) -> None:
+                reply.frames = client.frames_received
+                progress(_sent, total)
+
+            await client.stream(
+                messages,
+                paced=not args.fast,
+                max_ahead_frames=max(1, args.window) if args.fast else None,
+                progress=track,
+            )
+            try:
+                await client.wait_frames(sent, timeout=args.timeout)
+            except trio.TooSlowError:
+                complete = False
+            reply.frames = client.frames_received
+            progress.draw(sent)
+            progress.finish()
+            for message in client.errors:
+                print(f"\nduplex-client: server error: {message}", file=err)
+    except Unauthorized as exc:
+        progress.finish()
+        print(f"duplex-client: unauthorized (HTTP {exc.status}): {exc.message}; check --api-key", file=err)
+        return EXIT_AUTH
+    except ResourceExhausted as exc:
+        progress.finish()
+        print(f"duplex-client: the server is full ({exc.message}); try again later", file=err)
+        return EXIT_FULL
+    except (SessionRefused, ConnectFailed, ServerClosed) as exc:
+        progress.finish()
+        print(f"duplex-client: {exc}", file=err)
+        return EXIT_FAILED
+    pcm = client.decoded()
+    write_wav(args.output, float_to_pcm16(pcm), SAMPLE_RATE)
+    transcript = "".join(client.text)
+    if args.transcript:
+        Path(args.transcript).write_text(transcript + ("\n" if transcript else ""), encoding="utf-8")
+    frames = client.frames_received
+    if not args.quiet:
+        print(
+            f"duplex-client: wrote {args.output}: {frames} frames ({pcm.size / SAMPLE_RATE:.2f} s) for {sent} "
+            f"sent; transcript {len(transcript)} characters",
+            file=err,
+        )
+    if not complete or frames < sent:
+        print(f"duplex-client: incomplete reply: {frames} of {sent} frames came back", file=err)
         return EXIT_INCOMPLETE
     return EXIT_OK
 

@@ -31,6 +31,16 @@ delay (see :mod:`duplex_actors.client.stats`).
 The generator shares the machine with the server, so its per-frame work is kept tiny: the audio
 is base64-encoded once for all sessions and each arrival is only time-stamped and appended.
 
+``--dialect api-chat`` (the default when the URL path is ``/api/chat``) loads the moshi /
+PersonaPlex dialect: binary Ogg/Opus both ways, ``--voice``/``--persona`` as the ``voice_prompt``
+/ ``text_prompt`` query. The audio is Opus-encoded once (sphn 0.2, as ``moshi.client`` frames it)
+and the same messages go to every session; a session streams after the server's handshake (audio
+before it is discarded). Received pages are timed per 80 ms output frame by reading the Opus
+packets' durations, not by decoding (output frame k answers input frame k, as on the other
+dialects); every ``--decode-every``-th session also decodes its reply and reports the fraction
+of frames above an RMS floor. The report and the "held" criteria are the same; the summary adds
+the generator's CPU per session.
+
 Exit codes: 0 the run completed (held or not: see the output), 2 bad arguments or input,
 3 unauthorized, 4 no session could be opened, 5 connection failure.
 """
@@ -44,7 +54,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -54,6 +64,7 @@ import numpy as np
 import trio
 
 from ..audio import FRAME_S
+from .apichat import is_api_chat_url, open_api_chat_client
 from .audio import (
     EncodedAudio,
     Float32Array,
@@ -69,6 +80,7 @@ from .cli import FORMATS_EPILOG, input_format_arg, output_format_arg
 from .connection import create_duplex_session_config, open_duplex_client
 from .errors import ConnectFailed, DuplexError, ResourceExhausted, ServerClosed, SessionRefused, Unauthorized
 from .events import AudioDelta, Error, ServerEvent
+from .opus import encode_opus_messages
 from .stats import Delta, aggregate, frame_send_times, prometheus_value, round_trips_ms, session_stats
 
 MIN_COVERAGE: Final = 0.99
@@ -90,6 +102,11 @@ class SessionRun:
     deltas: list[Delta] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)
     close_reason: str | None = None
+    audible: tuple[int, int] | None = None  # /api/chat decoded sessions: (frames over the floor, frames)
+
+    def on_opus(self, received_at: float, first: int, frames: int) -> None:
+        # /api/chat: output frame k answers input frame k (one 80 ms step per 80 ms of input).
+        self.deltas.append(Delta(received_at, 0, first, frames))
 
     def on_event(self, event: ServerEvent) -> None:
         # Runs in the client's receive task for every event: keep it to an append.
@@ -199,9 +216,27 @@ class Options:
     min_coverage: float = MIN_COVERAGE
     max_p99_ms: float = MAX_P99_MS
     ready_frames: tuple[int, ...] | None = None
+    dialect: str = "realtime"  # or "api-chat"
+    query: dict[str, str] = attrs.Factory(dict)  # /api/chat: text_prompt, voice_prompt
+    decode_every: int = 8  # /api/chat: decode the replies of every K-th session (RMS check)
 
 
-async def run_trial(opts: Options, n: int, audio: EncodedAudio) -> Trial:
+AUDIBLE_RMS: Final = 1e-3  # per-frame RMS floor of audible output (as the vLLM-Omni driver's)
+
+
+def audible_frames(pcm: Float32Array) -> tuple[int, int]:
+    """(80 ms frames of ``pcm`` whose RMS is over :data:`AUDIBLE_RMS`, whole frames)."""
+    frames = pcm.size // 1920
+    if frames == 0:
+        return 0, 0
+    x = pcm[: frames * 1920].reshape(frames, 1920).astype(np.float64)
+    return int((np.sqrt((x * x).mean(axis=1)) > AUDIBLE_RMS).sum()), frames
+
+
+Audio = EncodedAudio | tuple[bytes, ...]  # realtime append messages, or /api/chat Opus messages
+
+
+async def run_trial(opts: Options, n: int, audio: Audio) -> Trial:
     """Open ``n`` sessions, stream ``audio`` into each on absolute deadlines, analyse."""
     base = http_base(opts.url)
     before = await scrape(base, opts.api_key)
@@ -217,28 +252,56 @@ async def run_trial(opts: Options, n: int, audio: EncodedAudio) -> Trial:
             start[0] = trio.current_time() + 0.1
             go.set()
 
+    async def realtime(run: SessionRun, mark_open: Callable[[], None]) -> None:
+        assert isinstance(audio, EncodedAudio)
+        async with open_duplex_client(
+            opts.url,
+            api_key=opts.api_key,
+            config=opts.config,
+            queue_events=False,
+            on_event=run.on_event,
+        ) as client:
+            run.session_id = client.session_id
+            mark_open()
+            await go.wait()
+            await client.stream(audio, start=start[0] + run.offset, times=run.send_times)
+            with trio.move_on_after(opts.drain_s):
+                await client.wait_frames(
+                    len(frame_send_times(run.send_times, opts.ready_frames)), timeout=opts.drain_s + 1
+                )
+        run.close_reason = client.closed_event.reason if client.closed_event else None
+
+    async def api_chat(run: SessionRun, mark_open: Callable[[], None]) -> None:
+        assert isinstance(audio, tuple)
+        async with open_api_chat_client(
+            opts.url,
+            api_key=opts.api_key,
+            params=opts.query,
+            decode=run.index % max(1, opts.decode_every) == 0,
+            on_audio=run.on_opus,
+        ) as chat:
+            mark_open()
+            await go.wait()
+            await chat.stream(audio, start=start[0] + run.offset, times=run.send_times)
+            with trio.move_on_after(opts.drain_s):
+                await chat.wait_frames(len(run.send_times), timeout=opts.drain_s + 1)
+            if chat.pcm:
+                run.audible = audible_frames(chat.decoded())
+            run.errors += chat.errors
+        run.close_reason = f"{chat.close_code} {chat.close_reason or ''}".strip()
+
     async def session(run: SessionRun) -> None:
         signalled = False
         t_connect = trio.current_time()
+
+        def mark_open() -> None:
+            nonlocal signalled
+            run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
+            signalled = True
+            opened_or_failed()
+
         try:
-            async with open_duplex_client(
-                opts.url,
-                api_key=opts.api_key,
-                config=opts.config,
-                queue_events=False,
-                on_event=run.on_event,
-            ) as client:
-                run.session_id = client.session_id
-                run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
-                signalled = True
-                opened_or_failed()
-                await go.wait()
-                await client.stream(audio, start=start[0] + run.offset, times=run.send_times)
-                with trio.move_on_after(opts.drain_s):
-                    await client.wait_frames(
-                        len(frame_send_times(run.send_times, opts.ready_frames)), timeout=opts.drain_s + 1
-                    )
-            run.close_reason = client.closed_event.reason if client.closed_event else None
+            await (api_chat if isinstance(audio, tuple) else realtime)(run, mark_open)
         except Unauthorized as exc:
             run.failure = f"unauthorized: {exc}"
         except ResourceExhausted:
@@ -295,6 +358,7 @@ def analyse(trial: Trial, opts: Options) -> None:
                 "failure": run.failure,
                 "errors": run.errors,
                 "close_reason": run.close_reason,
+                **({"audible_frames": list(run.audible)} if run.audible is not None else {}),
                 **stats,
             }
         )
@@ -304,6 +368,12 @@ def analyse(trial: Trial, opts: Options) -> None:
     agg["server_deadline_misses"] = trial.server["deadline_misses"]
     agg["server_step_ms_mean"] = trial.server["step_ms_mean"]
     agg["client_cpu_pct"] = trial.client_cpu_pct
+    agg["client_cpu_pct_per_session"] = round(trial.client_cpu_pct / trial.n, 3) if trial.n else None
+    decoded = [r.audible for r in trial.runs if r.audible is not None]
+    if decoded:
+        loud, total = sum(a for a, _ in decoded), sum(b for _, b in decoded)
+        agg["audible_fraction"] = round(loud / total, 4) if total else 0.0
+        agg["decoded_sessions"] = len(decoded)
     trial.aggregate = agg
     reasons: list[str] = []
     if agg["failed_sessions"]:
@@ -380,7 +450,13 @@ def trial_table(trial: Trial) -> str:
         f"{table}\n"
         f"N={trial.n}: {verdict}. server deadline misses {_num(agg['server_deadline_misses'], 0)}, "
         f"server step mean {_num(agg['server_step_ms_mean'], 2)} ms, "
-        f"load generator CPU {_num(agg['client_cpu_pct'])}% of one core"
+        f"load generator CPU {_num(agg['client_cpu_pct'])}% of one core "
+        f"({_num(agg['client_cpu_pct_per_session'], 2)}% per session)"
+        + (
+            f", audible frames {_num(agg['audible_fraction'], 3)} of {agg['decoded_sessions']} decoded session(s)"
+            if "audible_fraction" in agg
+            else ""
+        )
     )
 
 
@@ -469,11 +545,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="what the server sends back: pcm16 (24 kHz, the default) or pcmu/pcma (8 kHz)",
     )
+    parser.add_argument(
+        "--dialect",
+        choices=("realtime", "api-chat"),
+        default=None,
+        help="realtime (JSON, base64 PCM) or api-chat (binary Ogg/Opus both ways, the moshi / "
+        "PersonaPlex protocol); default: api-chat when the URL path is /api/chat, else realtime",
+    )
+    parser.add_argument(
+        "--decode-every",
+        type=int,
+        default=8,
+        help="api-chat: decode the replies of every K-th session for the audible-frames check "
+        "(default 8; every session's frames are timed without decoding)",
+    )
     parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
     return parser
 
 
-async def _ramp(opts: Options, audio: EncodedAudio, args: argparse.Namespace) -> tuple[list[Trial], int]:
+def _api_chat_url(url: str) -> str:
+    """The Realtime default URL, or any URL given with ``--dialect api-chat``, on ``/api/chat``."""
+    parts = urlsplit(url)
+    if is_api_chat_url(url):
+        return url
+    return urlunsplit(parts._replace(path="/api/chat", query=""))
+
+
+async def _ramp(opts: Options, audio: Audio, args: argparse.Namespace) -> tuple[list[Trial], int]:
     base = http_base(opts.url)
     cap = args.max_n
     if cap is None:
@@ -519,14 +617,20 @@ async def _ramp(opts: Options, audio: EncodedAudio, args: argparse.Namespace) ->
 
 
 async def _main(args: argparse.Namespace) -> int:
+    api_chat = args.dialect == "api-chat" or (args.dialect is None and is_api_chat_url(args.url))
+    fmt: WireFormat = args.input_format
+    out_fmt: WireFormat | None = args.output_format
+    if api_chat and (str(fmt) != "pcm16@24000" or out_fmt is not None):
+        print("duplex-load: --input-format/--output-format do not apply to api-chat (Opus)", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        fmt: WireFormat = args.input_format
         samples = load_audio(args.input, args.seconds, fmt.rate)
     except (OSError, WavError) as exc:
         print(f"duplex-load: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if api_chat:
+        return await _main_api_chat(args, samples)
     audio = encode_audio(samples, fmt.name, sample_rate_hz=fmt.rate)
-    out_fmt: WireFormat | None = args.output_format
     config = create_duplex_session_config(
         voice=args.voice,
         persona=args.persona,
@@ -543,15 +647,55 @@ async def _main(args: argparse.Namespace) -> int:
         jitter_buffer_s=args.jitter_buffer_ms / 1000,
         ready_frames=audio.ready_frames,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {
         "url": args.url,
+        "dialect": "realtime",
         "seconds": args.seconds,
         "frames_per_session": audio.frames,
         "frames_expected_per_session": audio.expected_frames,
         "input_format": str(fmt),
         "output_format": str(out_fmt or "pcm16@24000"),
+    }
+    return await _run(args, opts, audio, meta)
+
+
+async def _main_api_chat(args: argparse.Namespace, samples: Float32Array) -> int:
+    url = _api_chat_url(args.url)
+    t0 = time.process_time()
+    messages = encode_opus_messages(samples)  # once, for every session of every trial
+    encode_ms = (time.process_time() - t0) * 1000
+    query = {k: v for k, v in (("voice_prompt", args.voice), ("text_prompt", args.persona)) if v is not None}
+    opts = Options(
+        url=url,
+        seconds=args.seconds,
+        api_key=args.api_key,
+        config={},
+        sync_start=args.sync_start,
+        drain_s=args.drain,
+        jitter_buffer_s=args.jitter_buffer_ms / 1000,
+        dialect="api-chat",
+        query=query,
+        decode_every=args.decode_every,
+    )
+    meta = {
+        "url": url,
+        "dialect": "api-chat",
+        "seconds": args.seconds,
+        "frames_per_session": len(messages),
+        "frames_expected_per_session": len(messages),
+        "input_format": "ogg/opus@24000 (sphn 0.2, 2 x 40 ms packets per 80 ms message)",
+        "output_format": "ogg/opus@24000",
+        "opus_pre_encode_ms": round(encode_ms, 1),
+        "decode_every": args.decode_every,
+    }
+    return await _run(args, opts, messages, meta)
+
+
+async def _run(args: argparse.Namespace, opts: Options, audio: Audio, meta: dict[str, Any]) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        **meta,
         "input": args.input or "synthetic speech-like audio",
         "sync_start": args.sync_start,
         "jitter_buffer_ms": args.jitter_buffer_ms,

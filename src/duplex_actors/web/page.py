@@ -11,6 +11,12 @@
 
 Only the files present in ``static/`` when the routes are installed are served; any other
 name is a 404 (no path is ever joined from the request).
+
+With ``serve --static-ui DIR`` (a built third-party web UI, e.g. the PersonaPlex client's
+``dist/``), ``GET /`` is DIR's ``index.html`` instead, and every file under DIR is served at its
+relative path (``/assets/index-....js``), from a listing made at start-up: the UI then talks to
+``/api/chat`` on the server's own origin. Those files get no Content-Security-Policy of ours
+(the UI's WebAssembly Opus codec would need ``wasm-unsafe-eval``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,19 @@ CONTENT_TYPES = {
     ".svg": "image/svg+xml",
     ".png": "image/png",
     ".ico": "image/x-icon",
+}
+UI_CONTENT_TYPES = {
+    **CONTENT_TYPES,
+    ".wasm": "application/wasm",
+    ".json": "application/json",
+    ".map": "application/json",
+    ".txt": "text/plain; charset=utf-8",
+    ".webmanifest": "application/manifest+json",
+    ".woff": "font/woff",
+    ".woff2": "font/woff2",
+    ".ttf": "font/ttf",
+    ".jpg": "image/jpeg",
+    ".webp": "image/webp",
 }
 
 # Same-origin only: the page, its modules and worklet, and the WebSocket back to this host.
@@ -53,6 +72,30 @@ def _file_response(path: Path) -> Response:
     if path.suffix == ".html":
         response.headers["Content-Security-Policy"] = CSP
         response.headers["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+def ui_files(folder: Path) -> dict[str, Path]:
+    """A built UI's servable files by URL path (``assets/x.js``): plain files under ``folder``
+    with a known suffix, no dot-files, no symlinks out of it."""
+    root = folder.resolve()
+    out: dict[str, Path] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if (
+            p.is_file()
+            and p.suffix in UI_CONTENT_TYPES
+            and not any(part.startswith(".") for part in rel.parts)
+        ):
+            if p.resolve().is_relative_to(root):
+                out[rel.as_posix()] = p
+    return out
+
+
+def _ui_response(path: Path) -> Response:
+    response = Response(path.read_bytes(), content_type=UI_CONTENT_TYPES[path.suffix])
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Content-Type-Options"] = "nosniff"
     return response
 
 
@@ -99,7 +142,22 @@ def install_page_routes(app: Any, holder: Any, config: Any) -> None:
             }
         )
 
-    app.add_url_rule("/", "page", page, methods=["GET"])
+    ui = ui_files(Path(config.static_ui)) if getattr(config, "static_ui", None) else {}
+    if ui:
+
+        async def ui_page() -> Any:
+            return _ui_response(ui["index.html"])
+
+        async def ui_file(path: str) -> Any:
+            file = ui.get(path)
+            if file is None:
+                return _not_found(f"no file {path!r}")
+            return _ui_response(file)
+
+        app.add_url_rule("/", "page", ui_page, methods=["GET"])
+        app.add_url_rule("/<path:path>", "ui_file", ui_file, methods=["GET"])
+    else:
+        app.add_url_rule("/", "page", page, methods=["GET"])
     app.add_url_rule("/v1/voices", "voices", voices, methods=["GET"])
     # Quart registers ``/static/<path:filename>`` (endpoint "static") for the app's default
     # static folder, which this package does not have: serve the page's files under it.
