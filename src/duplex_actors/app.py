@@ -56,7 +56,16 @@ from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReserva
 from .web import auth
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
-from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
+from .web.hardening import (
+    GuardedApp,
+    TransportLimits,
+    default_max_connections,
+    end_oversize_streams,
+    guard_connections,
+    open_connections,
+    raise_descriptor_limit,
+    refuse_permessage_deflate,
+)
 from .web.page import install_page_routes
 
 if TYPE_CHECKING:
@@ -218,6 +227,9 @@ class ModelHolder:
     def count_connection_error(self, kind: str) -> None:
         self.counters.connection_errors[kind] += 1
 
+    def count_dropped(self, reason: str) -> None:
+        self.counters.connections_dropped[reason] += 1
+
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Stop admitting (``/ready`` 503), close every session with ``session.closing`` and 1012,
         wait for their logs, and for their uploads with ``--log-upload`` (at most ``timeout_s``)."""
@@ -310,6 +322,7 @@ async def metrics() -> Any:
         sessions_active=len(server.sessions) if server is not None else 0,
         recovered_logs=len(server.recovered_logs) if server is not None else 0,
         uploader=holder.uploader,
+        tcp_connections=open_connections(),
     )
     return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -502,7 +515,21 @@ def _guarded(config: ServerConfig) -> DuplexApp:
     holder: ModelHolder = quart_app.extensions["duplex_model"]
     refuse_permessage_deflate()
     end_oversize_streams()
-    guard_connections(holder.count_connection_error)
+    max_connections = config.max_connections
+    if max_connections is None:
+        max_connections = default_max_connections(raise_descriptor_limit(), config.max_sessions)
+    limits = TransportLimits(
+        body_timeout_s=config.body_timeout_s,
+        keep_alive_timeout_s=config.keep_alive_timeout_s,
+        max_connections=max_connections,
+    )
+    guard_connections(holder.count_connection_error, limits=limits, on_dropped=holder.count_dropped)
+    log.info(
+        "transport: at most %d connections, request bodies within %.1f s, keep-alive %s s",
+        max_connections,
+        config.body_timeout_s,
+        config.keep_alive_timeout_s or "hypercorn's",
+    )
     return DuplexApp(quart_app, holder)
 
 

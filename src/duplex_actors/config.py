@@ -46,6 +46,11 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    # transport (docs/operations.md): request-body deadline, HTTP keep-alive idle time, and the
+    # bound on open TCP connections (None: the descriptor limit less room for logs)
+    body_timeout_s: float = 10.0
+    keep_alive_timeout_s: float | None = None  # None: hypercorn's own (5 s, or its --keep-alive)
+    max_connections: int | None = None
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -95,6 +100,9 @@ class ServerConfig:
             input_buffer_bytes=integer("DUPLEX_INPUT_BUFFER_BYTES", default.input_buffer_bytes),
             outbox_events=integer("DUPLEX_OUTBOX_EVENTS", default.outbox_events),
             max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
+            body_timeout_s=number("DUPLEX_BODY_TIMEOUT", default.body_timeout_s),
+            keep_alive_timeout_s=_parse(env, "DUPLEX_KEEP_ALIVE_TIMEOUT", float, "a number of seconds"),
+            max_connections=_parse(env, "DUPLEX_MAX_CONNECTIONS", int, "an integer"),
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,
