@@ -204,14 +204,8 @@ class Connection:
                     data = await self.transport.receive()
                 if grace.cancelled_caught:
                     await self.session.close("timeout")
-                    break
+                    return
             await self._handle(data)
-        # The session has ended; the writer still sends its last events (or is blocked on a
-        # client that stopped reading). Take and drop what the client still sends until the
-        # writer ends this task: with the inbound queues full, hypercorn could not deliver the
-        # client's disconnect, and a handler whose client reset would never end.
-        while True:
-            await self.transport.receive()
 
     async def _handle(self, data: WireMessage) -> None:
         session = self.session

@@ -16,8 +16,8 @@
   frame and what came before it. We half-close, read and drop until the peer's EOF (or a short
   linger), then close (RFC 6455 section 7.1.1). The FIN is sent under the send lock: hypercorn
   sent it beside a concurrent ``send_all`` and one of the two raised ``trio.BusyResourceError``.
-- An inbound message for an app that has finished is dropped: hypercorn waited on the app's full
-  queue forever (and with it the connection's read loop).
+- No inbound message waits on an app that cannot take it: hypercorn waited on the app's full
+  queue forever (a slow consumer whose client then reset kept its handler and socket).
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ async def _guarded_tcp_run(self: Any) -> None:
     if _limits.keep_alive_timeout_s is not None:
         self.config.keep_alive_timeout = _limits.keep_alive_timeout_s  # the hypercorn entry's DUPLEX_*
     _open_connections += 1
+    self._duplex_counted = True
     try:
         await _original_tcp_run(self)
     except Exception as exc:  # e.g. h11 LocalProtocolError after a bad upgrade (hypercorn #225)
@@ -122,6 +123,14 @@ async def _guarded_tcp_run(self: Any) -> None:
         for hook in _on_connection_error:
             hook(type(exc).__name__)
     finally:
+        _uncount(self)
+
+
+def _uncount(self: Any) -> None:
+    """Once its socket is closed (hypercorn's task can outlive it: the keep-alive timer)."""
+    global _open_connections
+    if getattr(self, "_duplex_counted", False):
+        self._duplex_counted = False
         _open_connections -= 1
 
 
@@ -209,27 +218,47 @@ async def _lingering_close(self: Any) -> None:
     finally:
         with trio.CancelScope(shield=True):
             await self.stream.aclose()
+        _uncount(self)
 
 
 _original_spawn_app = task_group.TaskGroup.spawn_app
 
 
 async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) -> Any:
-    """hypercorn's, but a message for an app that has finished is dropped instead of waited on."""
+    """hypercorn's, but no put waits on an app that cannot take it: a message for an app that
+    has finished is dropped, and a disconnect for an app that is not reading (its queue full)
+    cancels it. hypercorn waited on the full queue forever: a slow consumer's writer, blocked
+    in a send, got the reset, and the disconnect it then had to deliver (in its own task) could
+    never be taken: the handler, its tasks and the socket stayed until the process exited."""
     app_send, app_receive = trio.open_memory_channel[Any](config.max_app_queue_size)
+    cancel_scope = trio.CancelScope()
 
     async def run() -> None:
-        try:
-            await task_group._handle(
-                app, config, scope, app_receive.receive, send, trio.to_thread.run_sync, trio.from_thread.run
-            )
-        finally:
-            app_receive.close()
+        with cancel_scope:
+            try:
+                await task_group._handle(
+                    app,
+                    config,
+                    scope,
+                    app_receive.receive,
+                    send,
+                    trio.to_thread.run_sync,
+                    trio.from_thread.run,
+                )
+            finally:
+                app_receive.close()
 
     self._nursery.start_soon(run)
 
     async def put(message: Any) -> None:
         try:
+            if message.get("type") in ("websocket.disconnect", "http.disconnect"):
+                try:
+                    app_send.send_nowait(message)
+                except trio.WouldBlock:
+                    log.info("the app did not read its input: cancelled it at the client's disconnect")
+                    cancel_scope.cancel()
+                return
             await app_send.send(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the app has finished
