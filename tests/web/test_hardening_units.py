@@ -227,3 +227,20 @@ def test_the_default_connection_bound_leaves_room_for_the_logs():
     assert soft == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert default_max_connections(256, 4) == 256 - RESERVED_DESCRIPTORS - 8
     assert default_max_connections(40, 8) == 16  # never below a usable floor
+
+
+def test_the_transport_settings_come_from_the_environment_too():
+    from duplex_actors.config import ConfigError
+
+    config = ServerConfig.from_env(
+        {"DUPLEX_BODY_TIMEOUT": "3", "DUPLEX_KEEP_ALIVE_TIMEOUT": "7", "DUPLEX_MAX_CONNECTIONS": "100"}
+    )
+    assert (config.body_timeout_s, config.keep_alive_timeout_s, config.max_connections) == (3.0, 7.0, 100)
+    default = ServerConfig.from_env({})
+    assert (default.body_timeout_s, default.keep_alive_timeout_s, default.max_connections) == (
+        10.0,
+        None,
+        None,
+    )
+    with pytest.raises(ConfigError, match="DUPLEX_MAX_CONNECTIONS"):
+        ServerConfig.from_env({"DUPLEX_MAX_CONNECTIONS": "many"})
