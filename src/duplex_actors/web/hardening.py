@@ -8,14 +8,19 @@
   the ASGI entry point refuses to start there and says to add ``-k trio``.
 - One connection's exception must never take the server down: the ASGI entry point guards
   each connection and counts what it caught.
-- hypercorn never times out a request body (a head with ``Content-Length`` and no body held its
-  connection forever) and accepts connections until ``accept`` fails with ``EMFILE``, when a
-  session log can no longer be opened either: bodies get a deadline and connections a bound.
+- hypercorn closes a connection from whichever task asks, and quart-trio cancels the task that
+  sent an HTTP response: the cancelled close skipped ``aclose``, and with no deadline on request
+  bodies a head with ``Content-Length`` and no body held its connection forever (300 of them
+  took every descriptor of a 256 limit). The close is cancel-safe, bodies get a deadline, and
+  connections a bound below the descriptor limit (``accept`` failing with ``EMFILE`` would also
+  leave no descriptor for a session log).
 - hypercorn closes a connection with unread client input (a WebSocket close while the client
-  streams, the 1009 close); the kernel then sends RST and the client's kernel discards the close
-  frame and what came before it. We half-close, read and drop until the peer's EOF (or a short
-  linger), then close (RFC 6455 section 7.1.1). The FIN is sent under the send lock: hypercorn
-  sent it beside a concurrent ``send_all`` and one of the two raised ``trio.BusyResourceError``.
+  streams, the 1009 close); the kernel then sends RST: the client's next send fails, and a client
+  that gives up on a failed send (trio-websocket) reports 1006 whether or not our close frame is
+  already in its receive buffer (a kernel or proxy may also drop that buffer). We half-close,
+  read and drop until the peer's EOF (or a short linger), then close (RFC 6455 section 7.1.1).
+  The FIN is sent under the send lock: hypercorn sent it beside a concurrent ``send_all`` and one
+  of the two raised ``trio.BusyResourceError``.
 - No inbound message waits on an app that cannot take it: hypercorn waited on the app's full
   queue forever (a slow consumer whose client then reset kept its handler and socket).
 """
@@ -202,8 +207,9 @@ async def _discard_until_eof(stream: Any) -> None:
 
 async def _lingering_close(self: Any) -> None:
     """Half-close, then read and drop the peer's input until its EOF or the linger ends, then
-    close: closing with unread input would send RST, which destroys our last frames in the
-    client's kernel (RFC 6455 section 7.1.1; the client closes once it sees our close and FIN)."""
+    close (RFC 6455 section 7.1.1; the client closes once it sees our close frame and FIN):
+    closing with unread input sends RST, and the client's next send fails. ``aclose`` happens
+    even when the calling task is cancelled."""
     try:
         if not getattr(self, "_duplex_eof_sent", False):
             self._duplex_eof_sent = True
@@ -219,9 +225,6 @@ async def _lingering_close(self: Any) -> None:
         with trio.CancelScope(shield=True):
             await self.stream.aclose()
         _uncount(self)
-
-
-_original_spawn_app = task_group.TaskGroup.spawn_app
 
 
 async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) -> Any:
