@@ -75,6 +75,7 @@ log = logging.getLogger("duplex_actors")
 
 # After every session has closed, how long connections get to flush their last frames.
 CONNECTION_GRACE_S = 0.5
+CLOSE_LINGER_S = TransportLimits().close_linger_s
 RETRY_AFTER_S = 1
 
 
@@ -245,6 +246,11 @@ class ModelHolder:
             with trio.move_on_after(CONNECTION_GRACE_S):
                 while self.connections:
                     await self._connections_changed.wait()
+            # Then their TCP closes: each reads and drops its client's input until the client's
+            # EOF (a bounded linger); exiting before would reset them over their close frames.
+            with trio.move_on_after(CLOSE_LINGER_S):
+                while open_connections() > 0:
+                    await trio.sleep(0.01)
             if self.uploader is not None:
                 await self.uploader.wait_idle()
 
