@@ -60,7 +60,16 @@ from .web import auth
 from .web.api_chat import ApiChatConnection, ApiChatDialect
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
-from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
+from .web.hardening import (
+    GuardedApp,
+    TransportLimits,
+    default_max_connections,
+    end_oversize_streams,
+    guard_connections,
+    open_connections,
+    raise_descriptor_limit,
+    refuse_permessage_deflate,
+)
 from .web.page import install_page_routes
 
 API_CHAT_PATH = "/api/chat"
@@ -72,6 +81,7 @@ log = logging.getLogger("duplex_actors")
 
 # After every session has closed, how long connections get to flush their last frames.
 CONNECTION_GRACE_S = 0.5
+CLOSE_LINGER_S = TransportLimits().close_linger_s
 RETRY_AFTER_S = 1
 
 
@@ -227,6 +237,9 @@ class ModelHolder:
     def count_connection_error(self, kind: str) -> None:
         self.counters.connection_errors[kind] += 1
 
+    def count_dropped(self, reason: str) -> None:
+        self.counters.connections_dropped[reason] += 1
+
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Stop admitting (``/ready`` 503), close every session with ``session.closing`` and 1012,
         wait for their logs, and for their uploads with ``--log-upload`` (at most ``timeout_s``)."""
@@ -242,6 +255,11 @@ class ModelHolder:
             with trio.move_on_after(CONNECTION_GRACE_S):
                 while self.connections:
                     await self._connections_changed.wait()
+            # Then their TCP closes: each reads and drops its client's input until the client's
+            # EOF (a bounded linger); exiting before would reset them over their close frames.
+            with trio.move_on_after(CLOSE_LINGER_S):
+                while open_connections() > 0:
+                    await trio.sleep(0.01)
             if self.uploader is not None:
                 await self.uploader.wait_idle()
 
@@ -321,6 +339,7 @@ async def metrics() -> Any:
         recovered_logs=len(server.recovered_logs) if server is not None else 0,
         uploader=holder.uploader,
         opus=server.opus_pool.stats() if server is not None and server.opus_pool is not None else None,
+        tcp_connections=open_connections(),
     )
     return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -559,7 +578,21 @@ def _guarded(config: ServerConfig) -> DuplexApp:
     holder: ModelHolder = quart_app.extensions["duplex_model"]
     refuse_permessage_deflate()
     end_oversize_streams()
-    guard_connections(holder.count_connection_error)
+    max_connections = config.max_connections
+    if max_connections is None:
+        max_connections = default_max_connections(raise_descriptor_limit(), config.max_sessions)
+    limits = TransportLimits(
+        body_timeout_s=config.body_timeout_s,
+        keep_alive_timeout_s=config.keep_alive_timeout_s,
+        max_connections=max_connections,
+    )
+    guard_connections(holder.count_connection_error, limits=limits, on_dropped=holder.count_dropped)
+    log.info(
+        "transport: at most %d connections, request bodies within %.1f s, keep-alive %s s",
+        max_connections,
+        config.body_timeout_s,
+        config.keep_alive_timeout_s or "hypercorn's",
+    )
     return DuplexApp(quart_app, holder)
 
 

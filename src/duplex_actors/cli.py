@@ -66,6 +66,9 @@ def _serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         tick_policy=tick_policy,
         client_sampling=args.client_sampling,
+        body_timeout_s=args.body_timeout,
+        keep_alive_timeout_s=args.keep_alive_timeout,
+        max_connections=args.max_connections,
         agent_port=args.agent_port,
         agent_host=args.agent_host or args.host,
         admission_refusal=args.admission_refusal,
@@ -81,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     hyper.bind = [f"{args.host}:{args.port}"]
     hyper.accesslog = None
     hyper.websocket_max_message_size = args.max_message_bytes
+    hyper.keep_alive_timeout = args.keep_alive_timeout
     # Our drain has already closed every session and finished its log; hypercorn's own grace
     # only has to let handlers return (a send blocked on a stuck client never would).
     hyper.graceful_timeout = 1.0
@@ -242,6 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Opus codec processes for /api/chat sessions, started on the first one "
         "(default: DUPLEX_OPUS_WORKERS, else half the CPUs, 1 to 4)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose HTTP request body has not fully arrived this long after its head",
+    )
+    serve.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="close a connection with no request (or an incomplete head) for this long (default 5)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open TCP connections; beyond, a new one is closed at once (default: the descriptor "
+        "limit, raised to its hard limit, less room for session logs)",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

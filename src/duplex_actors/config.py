@@ -55,6 +55,11 @@ class ServerConfig:
     tick_policy: str = "window"
     # /api/chat: the stock UIs' sampling query parameters set the session's sampling (else greedy)
     client_sampling: bool = False
+    # transport (docs/operations.md): request-body deadline, HTTP keep-alive idle time, and the
+    # bound on open TCP connections (None: the descriptor limit less room for logs)
+    body_timeout_s: float = 10.0
+    keep_alive_timeout_s: float | None = None  # None: hypercorn's own (5 s, or its --keep-alive)
+    max_connections: int | None = None
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -131,6 +136,9 @@ class ServerConfig:
             max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
             tick_policy=tick_policy,
             client_sampling=flag("DUPLEX_CLIENT_SAMPLING", default.client_sampling),
+            body_timeout_s=number("DUPLEX_BODY_TIMEOUT", default.body_timeout_s),
+            keep_alive_timeout_s=_parse(env, "DUPLEX_KEEP_ALIVE_TIMEOUT", float, "a number of seconds"),
+            max_connections=_parse(env, "DUPLEX_MAX_CONNECTIONS", int, "an integer"),
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,

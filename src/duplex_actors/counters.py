@@ -20,6 +20,7 @@ class Counters:
         self.sessions_opened = 0
         self.sessions_closed: Counter[str] = Counter()
         self.connection_errors: Counter[str] = Counter()
+        self.connections_dropped: Counter[str] = Counter()  # by the transport bounds, by reason
         self.refused: Counter[str] = Counter()
         self.sessions_by_dialect: Counter[str] = Counter()
         # Client messages read and not applied (e.g. /api/chat audio before its handshake).

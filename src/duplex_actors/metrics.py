@@ -65,6 +65,7 @@ def render(
     dialects_active: Mapping[str, int] | None = None,
     uploader: Any | None = None,
     opus: Any | None = None,
+    tcp_connections: int | None = None,
 ) -> str:
     out = _Writer()
     if scheduler is not None:
@@ -202,6 +203,19 @@ def render(
         "Connections that failed with an unexpected exception.",
         [("", {"type": k}, v) for k, v in sorted(counters.connection_errors.items())],
     )
+    out.metric(
+        "duplex_connections_dropped_total",
+        "counter",
+        "TCP connections closed by a transport bound: body_timeout, max_connections.",
+        [("", {"reason": k}, v) for k, v in sorted(counters.connections_dropped.items())],
+    )
+    if tcp_connections is not None:
+        out.metric(
+            "duplex_tcp_connections_open",
+            "gauge",
+            "Open TCP connections (HTTP and WebSocket), bounded by --max-connections.",
+            [("", {}, tcp_connections)],
+        )
     if writer is not None:
         ws = writer.statistics()
         samples = [("", {"quantile": q}, (ws.fsync_percentile(q * 100) or 0.0)) for q in (0.5, 0.9, 0.99)]

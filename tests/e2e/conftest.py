@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -73,7 +73,11 @@ class ServerProcess:
 
 
 def start_server(
-    tmp_path: Path, *args: str, model: str = "tiny-parrot", env: dict[str, str] | None = None
+    tmp_path: Path,
+    *args: str,
+    model: str = "tiny-parrot",
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> ServerProcess:
     port = free_port()
     log_dir = tmp_path / "sessions"
@@ -83,6 +87,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,  # e.g. resource limits for the server only
     )
     server = ServerProcess(proc, port, log_dir)
     deadline = time.monotonic() + 90

@@ -134,16 +134,22 @@ def test_hypercorn_trio_worker_serves_with_env_settings(tmp_path, parrot_dir):
 
 async def test_an_oversize_message_closes_1009_and_frees_the_slot_at_once(fresh_server):
     """hypercorn sends the 1009 close but never tells the app; without the fix the session held
-    its slot until the idle timeout (300 s by default)."""
+    its slot until the idle timeout (300 s by default). The message is 20x the limit, so the
+    client is still sending when the server closes: a server that closed TCP with that input
+    unread reset the connection, the client's send failed, and whether the client reported 1009
+    or 1006 depended on whether its reader had seen the close frame first. The server now reads
+    and drops the rest (RFC 6455 section 7.1.1): the send completes, every time."""
     from trio_websocket import ConnectionClosed
 
     server = fresh_server("--max-sessions", "1", "--max-message-bytes", "100000")
     for _ in range(3):
         code = None
+        sent = False
         try:
             async with open_websocket_url(f"{server.ws}/v1/realtime") as ws:
                 await ws.get_message()
-                await ws.send_message("x" * 200_000)
+                await ws.send_message("x" * 2_000_000)
+                sent = True
                 with trio.fail_after(10):
                     while True:
                         await ws.get_message()
@@ -151,6 +157,7 @@ async def test_an_oversize_message_closes_1009_and_frees_the_slot_at_once(fresh_
             assert closed.reason is not None
             code = closed.reason.code
         assert code == 1009
+        assert sent, "the server reset the connection while the client was still sending"
         with trio.fail_after(5):
             while (await trio.to_thread.run_sync(server.json, "/ready"))[1].get("slots_free") != 1:
                 await trio.sleep(0.05)

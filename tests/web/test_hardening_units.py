@@ -102,3 +102,145 @@ async def test_an_unhandled_error_becomes_an_error_event_and_close_1011(parrot_d
         stop.set()
     errors = [m["error"]["code"] for m in messages if m["type"] == "error"]
     assert errors == ["internal_error"] and code == 1011
+
+
+# -- the transport bounds (issue 13 item 5) -------------------------------------------------------
+async def _read_body_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An app that reads the whole request body before it answers (no route of ours does)."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _serve_guarded(limits: Any, dropped: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from duplex_actors.web.hardening import guard_connections, open_connections
+
+    guard_connections(limits=limits, on_dropped=dropped.append)
+    hyper = HardenedConfig()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hyper.bind = [f"127.0.0.1:{port}"]
+    hyper.accesslog = None
+    hyper.keep_alive_timeout = 1.0  # hypercorn frees a connection its client closed after this
+    hyper.graceful_timeout = 0.1
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: serve(_read_body_app, hyper, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+        with trio.fail_after(10):
+            while True:
+                try:
+                    (await trio.open_tcp_stream("127.0.0.1", port)).socket.close()
+                    break
+                except OSError:
+                    await trio.sleep(0.02)
+            while open_connections() > 0:  # the probe's, freed after the keep-alive timeout
+                await trio.sleep(0.02)
+        task_status.started((port, stop))
+
+
+async def _until_eof(stream: trio.SocketStream, timeout: float) -> bytes:
+    got = b""
+    with trio.fail_after(timeout):
+        while chunk := await stream.receive_some(65536):
+            got += chunk
+    return got
+
+
+async def test_a_request_body_that_does_not_come_in_time_closes_its_connection():
+    from duplex_actors.web.hardening import TransportLimits, guard_connections
+
+    dropped: list[str] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            port, stop = await nursery.start(_serve_guarded, TransportLimits(body_timeout_s=0.5), dropped)
+            slow = await trio.open_tcp_stream("127.0.0.1", port)
+            await slow.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+            fine = await trio.open_tcp_stream("127.0.0.1", port)
+            await fine.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+            await fine.send_all(b"67890")
+            answered = b""
+            with trio.fail_after(5):
+                while not answered.endswith(b"ok"):
+                    answered += await fine.receive_some(65536)
+            t0 = trio.current_time()
+            got = await _until_eof(slow, timeout=5)  # the server closes it: EOF
+            waited = trio.current_time() - t0
+            stop.set()
+    finally:
+        guard_connections()  # the process-wide defaults again
+    assert answered.startswith(b"HTTP/1.1 200") and got == b""
+    assert dropped == ["body_timeout"] and waited < 2.0
+
+
+async def test_connections_beyond_the_bound_are_closed_at_once():
+    from duplex_actors.web.hardening import TransportLimits, guard_connections, open_connections
+
+    dropped: list[str] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            port, stop = await nursery.start(_serve_guarded, TransportLimits(max_connections=3), dropped)
+            held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]  # idle (< 1 s)
+            with trio.fail_after(5):
+                while open_connections() < 3:
+                    await trio.sleep(0.01)
+            extra = await trio.open_tcp_stream("127.0.0.1", port)
+            refused = await _until_eof(extra, timeout=5)
+            await held[0].aclose()
+            with trio.fail_after(5):
+                while open_connections() > 2:
+                    await trio.sleep(0.01)
+            again = await trio.open_tcp_stream("127.0.0.1", port)
+            await again.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+            answer = b""
+            with trio.fail_after(5):
+                while not answer.endswith(b"ok"):
+                    answer += await again.receive_some(65536)
+            stop.set()
+    finally:
+        guard_connections()
+    assert refused == b"" and dropped == ["max_connections"] and answer.startswith(b"HTTP/1.1 200")
+
+
+def test_the_default_connection_bound_leaves_room_for_the_logs():
+    import resource
+
+    from duplex_actors.web.hardening import (
+        RESERVED_DESCRIPTORS,
+        default_max_connections,
+        raise_descriptor_limit,
+    )
+
+    soft = raise_descriptor_limit()
+    assert soft == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert default_max_connections(256, 4) == 256 - RESERVED_DESCRIPTORS - 8
+    assert default_max_connections(40, 8) == 16  # never below a usable floor
+
+
+def test_the_transport_settings_come_from_the_environment_too():
+    from duplex_actors.config import ConfigError
+
+    config = ServerConfig.from_env(
+        {"DUPLEX_BODY_TIMEOUT": "3", "DUPLEX_KEEP_ALIVE_TIMEOUT": "7", "DUPLEX_MAX_CONNECTIONS": "100"}
+    )
+    assert (config.body_timeout_s, config.keep_alive_timeout_s, config.max_connections) == (3.0, 7.0, 100)
+    default = ServerConfig.from_env({})
+    assert (default.body_timeout_s, default.keep_alive_timeout_s, default.max_connections) == (
+        10.0,
+        None,
+        None,
+    )
+    with pytest.raises(ConfigError, match="DUPLEX_MAX_CONNECTIONS"):
+        ServerConfig.from_env({"DUPLEX_MAX_CONNECTIONS": "many"})

@@ -8,20 +8,42 @@
   the ASGI entry point refuses to start there and says to add ``-k trio``.
 - One connection's exception must never take the server down: the ASGI entry point guards
   each connection and counts what it caught.
+- hypercorn closes a connection from whichever task asks, and quart-trio cancels the task that
+  sent an HTTP response: the cancelled close skipped ``aclose``, and with no deadline on request
+  bodies a head with ``Content-Length`` and no body held its connection forever (300 of them
+  took every descriptor of a 256 limit). The close is cancel-safe, bodies get a deadline, and
+  connections a bound below the descriptor limit (``accept`` failing with ``EMFILE`` would also
+  leave no descriptor for a session log).
+- hypercorn closes a connection with unread client input (a WebSocket close while the client
+  streams, the 1009 close); the kernel then sends RST: the client's next send fails, and a client
+  that gives up on a failed send (trio-websocket) reports 1006 whether or not our close frame is
+  already in its receive buffer (a kernel or proxy may also drop that buffer). We half-close,
+  read and drop until the peer's EOF (or a short linger), then close (RFC 6455 section 7.1.1).
+  The FIN is sent under the send lock: hypercorn sent it beside a concurrent ``send_all`` and one
+  of the two raised ``trio.BusyResourceError``.
+- No inbound message waits on an app that cannot take it: hypercorn waited on the app's full
+  queue forever (a slow consumer whose client then reset kept its handler and socket).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import resource
 import socket
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
+import h11
+import trio
 from hypercorn.config import Config, Sockets
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol import ws_stream
 from hypercorn.protocol.events import StreamClosed
-from hypercorn.trio import tcp_server
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio import task_group, tcp_server
 
 log = logging.getLogger(__name__)
 
@@ -61,27 +83,238 @@ def end_oversize_streams() -> None:
     ws_stream.WSStream._handle_events = _handle_events_ending_oversize  # type: ignore[method-assign]
 
 
+@attrs.frozen(slots=True)
+class TransportLimits:
+    """Process-wide bounds of the patched TCP server (``serve`` flags / ``DUPLEX_*``)."""
+
+    body_timeout_s: float = 10.0  # from the end of a request head to the end of its body
+    keep_alive_timeout_s: float | None = None  # None: hypercorn's own (its --keep-alive)
+    max_connections: int | None = None  # open TCP connections; beyond, a new one is closed at once
+    close_linger_s: float = 2.0  # after our FIN, how long the peer's input is read and dropped
+
+
+_limits = TransportLimits()
+_open_connections = 0
 _original_tcp_run = tcp_server.TCPServer.run
 _on_connection_error: list[Callable[[str], None]] = []
+_on_connection_dropped: list[Callable[[str], None]] = []
+
+
+def open_connections() -> int:
+    return _open_connections
+
+
+def _dropped(reason: str) -> None:
+    for hook in _on_connection_dropped:
+        hook(reason)
 
 
 async def _guarded_tcp_run(self: Any) -> None:
+    global _open_connections
+    if _limits.max_connections is not None and _open_connections >= _limits.max_connections:
+        log.warning("closed a new connection: %d are open (--max-connections)", _open_connections)
+        _dropped("max_connections")
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+        return
+    if _limits.keep_alive_timeout_s is not None:
+        self.config.keep_alive_timeout = _limits.keep_alive_timeout_s  # the hypercorn entry's DUPLEX_*
+    _open_connections += 1
+    self._duplex_counted = True
     try:
         await _original_tcp_run(self)
     except Exception as exc:  # e.g. h11 LocalProtocolError after a bad upgrade (hypercorn #225)
         log.warning("dropped a connection after a protocol error: %r", exc)
         for hook in _on_connection_error:
             hook(type(exc).__name__)
+    finally:
+        _uncount(self)
 
 
-def guard_connections(on_error: Callable[[str], None] | None = None) -> None:
+def _uncount(self: Any) -> None:
+    """Once its socket is closed (hypercorn's task can outlive it: the keep-alive timer)."""
+    global _open_connections
+    if getattr(self, "_duplex_counted", False):
+        self._duplex_counted = False
+        _open_connections -= 1
+
+
+def _awaiting_body(wrapper: Any) -> bool:
+    """The peer owes us the body of an HTTP/1.1 request (not a WebSocket: its frames are data)."""
+    protocol = getattr(wrapper, "protocol", None)
+    if not isinstance(protocol, H11Protocol) or not isinstance(protocol.connection, h11.Connection):
+        return False
+    return protocol.connection.their_state is h11.SEND_BODY
+
+
+async def _read_data(self: Any) -> None:
+    """hypercorn's read loop, with a deadline on request bodies; it says when it has ended."""
+    self._duplex_reader = trio.lowlevel.current_task()
+    self._duplex_reader_done = trio.Event()
+    body_since: float | None = None
+    try:
+        while True:
+            now = trio.current_time()
+            deadline = now + self.config.read_timeout if self.config.read_timeout else math.inf
+            if _awaiting_body(self.protocol):
+                body_since = now if body_since is None else body_since
+                deadline = min(deadline, body_since + _limits.body_timeout_s)
+            else:
+                body_since = None
+            with trio.move_on_at(deadline) as timer:
+                try:
+                    data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    break
+            if timer.cancelled_caught:
+                if body_since is not None and trio.current_time() >= body_since + _limits.body_timeout_s:
+                    log.info(
+                        "closed a connection whose request body did not come in %.1f s",
+                        _limits.body_timeout_s,
+                    )
+                    _dropped("body_timeout")
+                break
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        await self.protocol.handle(Closed())
+    finally:
+        self._duplex_reader_done.set()
+
+
+async def _send_eof(self: Any) -> None:
+    """Our FIN, never beside a ``send_all`` (both hold trio's send conflict detector across a
+    checkpoint: the loser raised ``BusyResourceError``, in the app when it was the send)."""
+    lock: trio.Lock = self.send_lock
+    try:
+        if lock.statistics().owner is trio.lowlevel.current_task():
+            await self.stream.send_eof()  # closing from inside a failed send
+            return
+        with trio.move_on_after(_limits.close_linger_s):  # a send blocked on a peer that stopped reading
+            async with lock:
+                await self.stream.send_eof()
+    except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError, AttributeError):
+        pass  # gone already, or a TLS stream (no half-close)
+
+
+async def _discard_until_eof(stream: Any) -> None:
+    try:
+        while await stream.receive_some(tcp_server.MAX_RECV):
+            pass
+    except (trio.ClosedResourceError, trio.BrokenResourceError, trio.BusyResourceError):
+        pass
+
+
+async def _lingering_close(self: Any) -> None:
+    """Half-close, then read and drop the peer's input until its EOF or the linger ends, then
+    close (RFC 6455 section 7.1.1; the client closes once it sees our close frame and FIN):
+    closing with unread input sends RST, and the client's next send fails. ``aclose`` happens
+    even when the calling task is cancelled."""
+    try:
+        if not getattr(self, "_duplex_eof_sent", False):
+            self._duplex_eof_sent = True
+            await _send_eof(self)
+        done: trio.Event | None = getattr(self, "_duplex_reader_done", None)
+        if done is not None and not done.is_set():
+            with trio.move_on_after(_limits.close_linger_s):
+                if self._duplex_reader is trio.lowlevel.current_task():
+                    await _discard_until_eof(self.stream)  # closing from inside the read loop
+                else:
+                    await done.wait()  # the read loop drops what comes (the stream has ended)
+    finally:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+        _uncount(self)
+
+
+async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) -> Any:
+    """hypercorn's, but no put waits on an app that cannot take it: a message for an app that
+    has finished is dropped, and a disconnect for an app that is not reading (its queue full)
+    cancels it. hypercorn waited on the full queue forever: a slow consumer's writer, blocked
+    in a send, got the reset, and the disconnect it then had to deliver (in its own task) could
+    never be taken: the handler, its tasks and the socket stayed until the process exited."""
+    app_send, app_receive = trio.open_memory_channel[Any](config.max_app_queue_size)
+    cancel_scope = trio.CancelScope()
+
+    async def run() -> None:
+        with cancel_scope:
+            try:
+                await task_group._handle(
+                    app,
+                    config,
+                    scope,
+                    app_receive.receive,
+                    send,
+                    trio.to_thread.run_sync,
+                    trio.from_thread.run,
+                )
+            finally:
+                app_receive.close()
+
+    self._nursery.start_soon(run)
+
+    async def put(message: Any) -> None:
+        try:
+            if message.get("type") in ("websocket.disconnect", "http.disconnect"):
+                try:
+                    app_send.send_nowait(message)
+                except trio.WouldBlock:
+                    log.info("the app did not read its input: cancelled it at the client's disconnect")
+                    cancel_scope.cancel()
+                return
+            await app_send.send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the app has finished
+
+    return put
+
+
+def guard_connections(
+    on_error: Callable[[str], None] | None = None,
+    *,
+    limits: TransportLimits | None = None,
+    on_dropped: Callable[[str], None] | None = None,
+) -> None:
     """Contain hypercorn's per-connection exceptions: without this, an Upgrade request followed
     by trailing bytes raises inside hypercorn's TCP handler and takes the whole process down
-    (hypercorn issue #225, reproduced on 0.18.0). Process-wide and idempotent."""
+    (hypercorn issue #225, reproduced on 0.18.0). Also bound request bodies and open connections,
+    close without RST, and never wait on a finished app (see the module's docstring).
+    Process-wide and idempotent; ``on_dropped(reason)`` counts what the bounds closed."""
+    global _limits
     tcp_server.TCPServer.run = _guarded_tcp_run  # type: ignore[method-assign]
+    tcp_server.TCPServer._read_data = _read_data  # type: ignore[method-assign]
+    tcp_server.TCPServer._close = _lingering_close  # type: ignore[method-assign]
+    task_group.TaskGroup.spawn_app = _spawn_app  # type: ignore[method-assign]
+    _limits = limits or TransportLimits()
     _on_connection_error.clear()
     if on_error is not None:
         _on_connection_error.append(on_error)
+    _on_connection_dropped.clear()
+    if on_dropped is not None:
+        _on_connection_dropped.append(on_dropped)
+
+
+# Descriptors kept for what is not a connection: session logs, the model's files, the
+# listening sockets, trio's wakeup pipe, worker threads' files.
+RESERVED_DESCRIPTORS = 64
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (idempotent); returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def default_max_connections(descriptor_limit: int, max_sessions: int) -> int:
+    """Open connections that leave room for every session's log and the process's own files."""
+    return max(16, descriptor_limit - RESERVED_DESCRIPTORS - 2 * max_sessions)
 
 
 class HardenedConfig(Config):
