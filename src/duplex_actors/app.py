@@ -44,7 +44,7 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
-from .audio import FRAME_SAMPLES
+from .audio import FRAME_SAMPLES, SAMPLE_RATE
 from .config import ConfigError, ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
@@ -54,6 +54,7 @@ from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
+from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
 from .web.hardening import GuardedApp, end_oversize_streams, guard_connections, refuse_permessage_deflate
@@ -136,7 +137,12 @@ class ModelHolder:
                 log_dir=cfg.log_dir,
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
-                limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
+                limits=SessionLimits(
+                    max_buffered_samples=cfg.input_buffer_bytes // 4,
+                    input_budget_samples=min(
+                        max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
+                    ),
+                ),
                 outbox_size=cfg.outbox_events,
             ) as server,
             trio.open_nursery() as nursery,
@@ -424,6 +430,13 @@ async def _run_connection(
         counters=holder.counters,
         faults=holder.faults,
         reservation=reservation,
+        rate_limits=RateLimits(
+            messages_per_s=holder.config.max_messages_per_s,
+            message_burst=holder.config.message_burst,
+            bytes_per_s=holder.config.max_bytes_per_s,
+            byte_burst=holder.config.byte_burst,
+            persist_s=holder.config.rate_limit_after_s,
+        ),
     )
     holder.add_connection(conn)
     try:

@@ -46,6 +46,13 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    # per-connection input budget (docs/operations.md, "What a hostile client can cost you")
+    input_budget_s: float = 2.0  # audio ahead of the scheduler before the socket is not read
+    max_messages_per_s: float = 250.0
+    message_burst: float = 1000.0
+    max_bytes_per_s: float = 1024.0 * 1024.0
+    byte_burst: float = 32.0 * 1024.0 * 1024.0
+    rate_limit_after_s: float = 60.0  # held back that long: rate_limited, 1008
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -95,6 +102,12 @@ class ServerConfig:
             input_buffer_bytes=integer("DUPLEX_INPUT_BUFFER_BYTES", default.input_buffer_bytes),
             outbox_events=integer("DUPLEX_OUTBOX_EVENTS", default.outbox_events),
             max_message_bytes=integer("DUPLEX_MAX_MESSAGE_BYTES", default.max_message_bytes),
+            input_budget_s=number("DUPLEX_INPUT_BUDGET", default.input_budget_s),
+            max_messages_per_s=number("DUPLEX_MAX_MESSAGES_PER_S", default.max_messages_per_s),
+            message_burst=number("DUPLEX_MESSAGE_BURST", default.message_burst),
+            max_bytes_per_s=number("DUPLEX_MAX_BYTES_PER_S", default.max_bytes_per_s),
+            byte_burst=number("DUPLEX_BYTE_BURST", default.byte_burst),
+            rate_limit_after_s=number("DUPLEX_RATE_LIMIT_AFTER", default.rate_limit_after_s),
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,
