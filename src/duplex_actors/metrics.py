@@ -89,8 +89,15 @@ def render(
         out.metric(
             "duplex_deadline_misses_total",
             "counter",
-            "Frames that waited longer than 80 ms for their step.",
+            "Frames the engine was late for: stepped over 80 ms after they could have been.",
             [("", {}, st.late_frames)],
+        )
+        out.metric(
+            "duplex_session_backlog_frames_total",
+            "counter",
+            "Frames that waited over 80 ms only behind their own session's earlier frames "
+            "(the client sent faster than real time).",
+            [("", {}, st.backlog_frames)],
         )
         out.metric(
             "duplex_slots_total",

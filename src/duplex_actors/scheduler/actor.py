@@ -53,10 +53,13 @@ class SchedulerStatistics:
     step_seconds_sum: float
     step_seconds_buckets: tuple[tuple[float, int], ...]  # (upper bound, cumulative count)
     batch_sizes: tuple[tuple[int, int], ...]  # (batch size, ticks)
-    late_frames: int  # waited longer than one frame (80 ms) between submit and step
+    late_frames: int  # the engine was late: waited over 80 ms since the frame could be stepped
     dropped_frames: tuple[tuple[str, int], ...]  # (reason, frames)
     resets: int
     failed: bool
+    # waited over 80 ms since submission, but only behind the same session's earlier frames
+    # (the client sent faster than real time), not for the engine
+    backlog_frames: int = 0
 
 
 class Scheduler:
@@ -96,6 +99,7 @@ class Scheduler:
         self._step_hist = [0] * len(STEP_BUCKETS)
         self._batch_sizes: Counter[int] = Counter()
         self._late = 0
+        self._backlog = 0
         self._dropped: Counter[str] = Counter()
         self._resets = 0
 
@@ -165,6 +169,7 @@ class Scheduler:
             dropped_frames=tuple(sorted(self._dropped.items())),
             resets=self._resets,
             failed=self.failed is not None,
+            backlog_frames=self._backlog,
         )
 
     # -- the tick loop ---------------------------------------------------------------------------
@@ -270,7 +275,15 @@ class Scheduler:
             batch[entry.index] = frame.samples
             routes.append((entry.index, entry.occupant, entry.epoch, frame.frame_index))
             if now - frame.submitted_at > FRAME_MS / 1000:
-                self._late += 1
+                # Late for the engine only counting from when the frame could have been
+                # stepped: its submission, or the start of the step that took the frame before
+                # it (a frame queued behind its own session's backlog could not go earlier).
+                ready = max(frame.submitted_at, entry.last_step_at or frame.submitted_at)
+                if now - ready > FRAME_MS / 1000:
+                    self._late += 1
+                else:
+                    self._backlog += 1
+            entry.last_step_at = now
         if not batch:
             return
         started = self.clock.now()
