@@ -62,7 +62,8 @@ def test_a_rejected_record_with_audio_bytes_round_trips():
     kind, payload = r.encode_payload(rec)
     assert r.decode_payload(kind, payload) == rec
     old = r.Rejected("input_audio_buffer.commit", "commit_unsupported", "m")
-    assert r.decode_payload(*r.encode_payload(old)).audio_bytes is None
+    decoded = r.decode_payload(*r.encode_payload(old))
+    assert isinstance(decoded, r.Rejected) and decoded.audio_bytes is None
 
 
 async def test_the_session_logs_a_refused_append_without_its_audio(parrot_dir, tmp_path):
