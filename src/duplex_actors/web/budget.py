@@ -57,7 +57,9 @@ class TokenBucket:
     def wait(self, cost: float) -> float:
         """Seconds until ``cost`` can be taken (0: now), after :meth:`refill`."""
         need = min(cost, self.capacity)
-        return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
+        short = need - self.tokens
+        # A rounding error's worth short is enough: waiting it out could not advance a clock.
+        return 0.0 if short <= 1e-9 * max(1.0, need) else short / self.rate
 
     def take(self, cost: float) -> None:
         self.tokens -= cost
