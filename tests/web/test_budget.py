@@ -51,11 +51,13 @@ def test_bytes_are_budgeted_and_one_huge_message_passes_into_debt():
     assert budget.admit(6.001, 1) == 0.0
 
 
-def test_held_back_ends_once_a_message_goes_through_without_waiting():
-    budget = InputBudget(RateLimits(messages_per_s=10, message_burst=1, persist_s=1), 0.0)
-    assert budget.admit(0.0, 1) == 0.0
+def test_held_back_ends_once_messages_pass_without_waiting_and_the_buckets_refill():
+    budget = InputBudget(RateLimits(messages_per_s=10, message_burst=4, persist_s=1), 0.0)
+    assert [budget.admit(0.0, 1) for _ in range(4)] == [0.0] * 4
     assert budget.admit(0.0, 1) > 0  # held from t=0
     assert budget.admit(0.1, 1) == 0.0  # the held message itself goes: still held back
+    assert budget.held_since == 0.0
+    assert budget.admit(0.2, 1) == 0.0  # a sleep overshot: passes, but the bucket is low
     assert budget.held_since == 0.0
     assert budget.admit(1.0, 1) == 0.0  # arrived after the refill: no longer held
     assert budget.held_since is None

@@ -69,7 +69,8 @@ class InputBudget:
     """One connection's budget. ``admit(now, nbytes)`` returns 0.0 when the message may be
     handled now (its cost is taken), else the seconds to wait before asking again (nothing
     taken). ``held_since`` is when the client began to be held back continuously: set by the
-    first message that had to wait, cleared by a message admitted without waiting."""
+    first message that had to wait, cleared by a message admitted without waiting once the
+    buckets are half full again."""
 
     def __init__(self, limits: RateLimits, now: float) -> None:
         self.limits = limits
@@ -89,10 +90,16 @@ class InputBudget:
             return delay
         self.messages.take(1.0)
         self.bytes.take(float(nbytes))
-        if not self._waiting:
+        # Held back ends only once the buckets have refilled well (half full): a client kept
+        # at the rate passes a few messages without waiting whenever the shell's sleep
+        # overshoots, and must not be forgiven for that.
+        if not self._waiting and self._recovered():
             self.held_since = None
         self._waiting = False
         return 0.0
+
+    def _recovered(self) -> bool:
+        return all(b.tokens >= b.capacity / 2 for b in (self.messages, self.bytes))
 
     def persistent(self, now: float, since: float | None = None) -> bool:
         """Whether the client has been held back for longer than ``persist_s``: by this budget,
