@@ -93,3 +93,25 @@ async def test_the_session_logs_a_refused_append_without_its_audio(parrot_dir, t
     assert [(e.code, e.client_event_id) for e in errors] == [("input_backpressure", "big")]
     report = replay_logic(path)
     assert report.complete and report.identical, report.summary()
+
+
+async def test_an_append_over_the_soft_budget_waits_for_the_backlog_to_drain(parrot_dir, tmp_path):
+    engine = MoshiEngine(load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=1)
+    limits = SessionLimits(max_buffered_samples=LIMIT, input_budget_samples=24_000)
+    async with open_duplex_server(engine, log_dir=tmp_path, virtual_time=True, limits=limits) as server:
+        s = await server.open_session()
+        actor = server.sessions[s.session_id]
+        three_s = f32(3 * 24_000)
+        await s.append_bytes(three_s, "pcm_f32le")  # the backlog was empty: taken at once
+        assert s.input_held_since is None
+        assert actor.input_backlog == 3 * 24_000  # queued or buffered, not yet stepped
+        await s.append_bytes(f32(FRAME_SAMPLES), "pcm_f32le")
+        # It waited until the model had consumed the backlog down to the 1 s budget.
+        assert s.input_held_since is not None
+        assert actor.core.frames_stepped >= (3 * 24_000 - 24_000) // FRAME_SAMPLES
+        # Over the hard limit: not held back but refused at once (and cheaply logged).
+        await s.append_bytes(f32(LIMIT + 1), "pcm_f32le", client_event_id="huge")
+        assert s.input_held_since is None
+        await s.close()
+        errors = [e async for e in s.events() if isinstance(e, ev.Error)]
+    assert [(e.code, e.client_event_id) for e in errors] == [("input_backpressure", "huge")]
