@@ -198,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="audio a session may have waiting for the model before its socket is not read",
     )
-    budget.add_argument("--max-messages-per-s", type=float, default=250.0, help="client messages per second")
-    budget.add_argument("--message-burst", type=float, default=1000.0, help="messages beyond the rate")
+    budget.add_argument("--max-messages-per-s", type=float, default=200.0, help="client messages per second")
+    budget.add_argument("--message-burst", type=float, default=250.0, help="messages beyond the rate")
     budget.add_argument(
         "--max-bytes-per-s", type=float, default=1024.0 * 1024.0, help="client message bytes per second"
     )

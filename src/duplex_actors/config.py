@@ -48,8 +48,8 @@ class ServerConfig:
     max_message_bytes: int = 16 * 1024 * 1024
     # per-connection input budget (docs/operations.md, "What a hostile client can cost you")
     input_budget_s: float = 2.0  # audio ahead of the scheduler before the socket is not read
-    max_messages_per_s: float = 250.0
-    message_burst: float = 1000.0
+    max_messages_per_s: float = 200.0
+    message_burst: float = 250.0
     max_bytes_per_s: float = 1024.0 * 1024.0
     byte_burst: float = 32.0 * 1024.0 * 1024.0
     rate_limit_after_s: float = 60.0  # held back that long: rate_limited, 1008

@@ -22,15 +22,16 @@ def run(budget: InputBudget, arrivals: list[tuple[float, int]]) -> list[float]:
 
 
 def test_real_clients_are_never_held_back():
-    # A browser's 10 ms chunks (100/s, base64 pcm16: ~640 bytes) plus DuplexClient's acks
-    # (25/s) for 10 minutes, after a 30 s upload in 80 ms chunks at session start.
+    # A 30 s upload in 80 ms chunks at session start, then a browser's 10 ms chunks (100/s,
+    # base64 pcm16: ~640 bytes) plus DuplexClient's acks (25/s) for 10 minutes.
     budget = InputBudget(RateLimits(), 0.0)
     upload = [(0.0, 5200)] * 375
-    stream = [(0.001 + i * 0.008, 640 if i % 5 else 60) for i in range(75_000)]
+    stream = [(1.0 + i * 0.008, 640 if i % 5 else 60) for i in range(75_000)]
     handled = run(budget, upload + stream)
-    assert handled[: len(upload)] == [0.0] * len(upload)
+    assert handled[len(upload) - 1] == pytest.approx((375 - 250) / 200)  # held back 0.6 s
+    assert not budget.persistent(handled[len(upload) - 1])
     assert all(h == at for h, (at, _) in zip(handled[len(upload) :], stream, strict=True))
-    assert budget.held_since is None and not budget.persistent(600.0)
+    assert budget.held_since is None and not budget.persistent(601.0)
 
 
 def test_a_storm_is_held_to_the_rate_and_reported_once_it_persists():

@@ -3,7 +3,8 @@
 Two token buckets, refilled relative to real time, with a burst allowance each (decision 11:
 no client can spend other sessions' time). The defaults admit what real clients do: a browser
 sending 10 ms chunks (100 appends/s), vLLM-Omni's ``DuplexClient`` acknowledging every event
-(~25/s), and a 30 s upload at session start; beyond, the shell stops reading the socket until
+(~25/s), and a 30 s upload at session start (held back a little, never closed: the session's
+soft input budget holds an upload back longer anyway); beyond, the shell stops reading the socket until
 the buckets refill (TCP pushes back), and a client that stays beyond its budget for
 ``persist_s`` is closed with ``rate_limited``. The shell passes the time in; nothing here reads
 a clock, so the arithmetic is tested without sleeping.
@@ -20,8 +21,8 @@ class RateLimits:
     ``byte_burst``: their wire size (text or binary). ``persist_s``: how long a client may stay
     held back (every message having to wait) before it is closed with ``rate_limited``."""
 
-    messages_per_s: float = 250.0
-    message_burst: float = 1000.0
+    messages_per_s: float = 200.0
+    message_burst: float = 250.0
     bytes_per_s: float = 1024.0 * 1024.0
     byte_burst: float = 32.0 * 1024.0 * 1024.0
     persist_s: float = 60.0
