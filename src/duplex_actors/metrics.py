@@ -89,7 +89,8 @@ def render(
         out.metric(
             "duplex_deadline_misses_total",
             "counter",
-            "Frames the engine was late for: stepped over 80 ms after they could have been.",
+            "Frames the engine was late for: stepped over 80 ms after they were due (submitted, or "
+            "one frame after their session's previous one).",
             [("", {}, st.late_frames)],
         )
         out.metric(

@@ -144,8 +144,7 @@ async def test_an_upload_counts_as_session_backlog_not_as_deadline_misses(hostil
     misses = metric_sum(text, "duplex_deadline_misses_total") - misses0
     backlog = metric_sum(text, "duplex_session_backlog_frames_total") - backlog0
     record(deadline_misses=misses, session_backlog_frames=backlog, attacker_sent_per_s=seen["sent_per_s"])
-    # Before the split every one of them was a deadline miss. What misses remain are steps the
-    # engine itself was late for (this machine's CPU is shared: 15 of 53 on a 2-core box
-    # running 5 agents, where the idle step mean was 69 ms of the 80 ms budget).
+    # Before the split every one of them was a deadline miss. A miss now means the engine fell
+    # behind the real-time pace (possible on a shared box whose steps take ~70 of the 80 ms).
     assert backlog >= 10
-    assert misses < backlog, (misses, backlog)
+    assert misses <= backlog / 4, (misses, backlog)

@@ -53,7 +53,7 @@ class SchedulerStatistics:
     step_seconds_sum: float
     step_seconds_buckets: tuple[tuple[float, int], ...]  # (upper bound, cumulative count)
     batch_sizes: tuple[tuple[int, int], ...]  # (batch size, ticks)
-    late_frames: int  # the engine was late: waited over 80 ms since the frame could be stepped
+    late_frames: int  # the engine was late: stepped over 80 ms after the frame was due
     dropped_frames: tuple[tuple[str, int], ...]  # (reason, frames)
     resets: int
     failed: bool
@@ -274,16 +274,18 @@ class Scheduler:
             assert entry.occupant is not None
             batch[entry.index] = frame.samples
             routes.append((entry.index, entry.occupant, entry.epoch, frame.frame_index))
-            if now - frame.submitted_at > FRAME_MS / 1000:
-                # Late for the engine only counting from when the frame could have been
-                # stepped: its submission, or the start of the step that took the frame before
-                # it (a frame queued behind its own session's backlog could not go earlier).
-                ready = max(frame.submitted_at, entry.last_step_at or frame.submitted_at)
-                if now - ready > FRAME_MS / 1000:
-                    self._late += 1
-                else:
-                    self._backlog += 1
-            entry.last_step_at = now
+            # A frame is due when submitted, or, behind its own session's earlier frames (a
+            # client ahead of real time), one frame after the one before it: the engine is late
+            # only when it falls behind that real-time pace, not for the session's own backlog.
+            frame_s = FRAME_MS / 1000
+            due = frame.submitted_at
+            if entry.last_due is not None:
+                due = max(due, entry.last_due + frame_s)
+            entry.last_due = due
+            if now - due > frame_s:
+                self._late += 1
+            elif now - frame.submitted_at > frame_s:
+                self._backlog += 1
         if not batch:
             return
         started = self.clock.now()
