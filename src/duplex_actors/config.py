@@ -46,7 +46,7 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
-    # per-connection input budget (docs/operations.md, "What a hostile client can cost you")
+    # per-connection input budget (docs/operations.md; RELIABILITY.md, "What a hostile client can cost you")
     input_budget_s: float = 2.0  # audio ahead of the scheduler before the socket is not read
     max_messages_per_s: float = 200.0
     message_burst: float = 250.0
