@@ -4,6 +4,7 @@ read-only query, ``refusal_for``, and the shell logs the ``rejected`` record it 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from duplex_actors.audio import FRAME_SAMPLES, encode_f32
 from duplex_actors.log import records as r
@@ -19,6 +20,11 @@ from duplex_actors.session.core import Emit, SessionCore, SessionLimits
 
 SID = "sess_0123456789abcdef01234567"
 LIMIT = 10 * 24_000
+
+
+@pytest.fixture(scope="module")
+def engine(parrot_dir):
+    return MoshiEngine(load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=1)
 
 
 def new_core() -> SessionCore:
@@ -66,8 +72,7 @@ def test_a_rejected_record_with_audio_bytes_round_trips():
     assert isinstance(decoded, r.Rejected) and decoded.audio_bytes is None
 
 
-async def test_the_session_logs_a_refused_append_without_its_audio(parrot_dir, tmp_path):
-    engine = MoshiEngine(load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=1)
+async def test_the_session_logs_a_refused_append_without_its_audio(engine, tmp_path):
     events: list[ev.SessionEvent] = []
     limits = SessionLimits(max_buffered_samples=LIMIT)
     async with open_duplex_server(engine, log_dir=tmp_path, virtual_time=True, limits=limits) as server:
@@ -95,8 +100,7 @@ async def test_the_session_logs_a_refused_append_without_its_audio(parrot_dir, t
     assert report.complete and report.identical, report.summary()
 
 
-async def test_an_append_over_the_soft_budget_waits_for_the_backlog_to_drain(parrot_dir, tmp_path):
-    engine = MoshiEngine(load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=1)
+async def test_an_append_over_the_soft_budget_waits_for_the_backlog_to_drain(engine, tmp_path):
     limits = SessionLimits(max_buffered_samples=LIMIT, input_budget_samples=24_000)
     async with open_duplex_server(engine, log_dir=tmp_path, virtual_time=True, limits=limits) as server:
         s = await server.open_session()
