@@ -46,7 +46,7 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
-from .audio import FRAME_SAMPLES
+from .audio import FRAME_SAMPLES, SAMPLE_RATE
 from .config import ConfigError, ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
@@ -58,6 +58,7 @@ from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
 from .web.api_chat import ApiChatConnection, ApiChatDialect
+from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
 from .web.hardening import (
@@ -153,7 +154,12 @@ class ModelHolder:
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
                 log_probe_interval_s=cfg.log_probe_interval_s,
-                limits=SessionLimits(max_buffered_samples=cfg.input_buffer_bytes // 4),
+                limits=SessionLimits(
+                    max_buffered_samples=cfg.input_buffer_bytes // 4,
+                    input_budget_samples=min(
+                        max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
+                    ),
+                ),
                 outbox_size=cfg.outbox_events,
                 tick_policy=cfg.tick_policy,
                 opus_workers=cfg.opus_workers,
@@ -464,6 +470,13 @@ async def _run_connection(
     transport = Transport(
         websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
     )
+    rate_limits = RateLimits(
+        messages_per_s=holder.config.max_messages_per_s,
+        message_burst=holder.config.message_burst,
+        bytes_per_s=holder.config.max_bytes_per_s,
+        byte_burst=holder.config.byte_burst,
+        persist_s=holder.config.rate_limit_after_s,
+    )
     conn: Connection
     if isinstance(dialect, ApiChatDialect):
         conn = ApiChatConnection(
@@ -474,6 +487,7 @@ async def _run_connection(
             counters=holder.counters,
             faults=holder.faults,
             reservation=reservation,
+            rate_limits=rate_limits,
         )
     else:
         conn = Connection(
@@ -484,6 +498,7 @@ async def _run_connection(
             counters=holder.counters,
             faults=holder.faults,
             reservation=reservation,
+            rate_limits=rate_limits,
         )
     holder.add_connection(conn)
     try:

@@ -42,6 +42,11 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
     from hypercorn.trio import serve
 
+    # The engine thread needs the GIL back after every torch call; with the default 5 ms
+    # switch interval a busy event loop (a message storm) made each step wait for it hundreds
+    # of times (steps of ~2 s instead of 20 ms). 0.5 ms bounds that wait (issue 13 item 2).
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
+
     from .app import create_app
     from .config import ServerConfig, _parse
     from .web.hardening import HardenedConfig
@@ -69,6 +74,12 @@ def _serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         keep_alive_timeout_s=args.keep_alive_timeout,
         max_connections=args.max_connections,
+        input_budget_s=args.input_budget,
+        max_messages_per_s=args.max_messages_per_s,
+        message_burst=args.message_burst,
+        max_bytes_per_s=args.max_bytes_per_s,
+        byte_burst=args.byte_burst,
+        rate_limit_after_s=args.rate_limit_after,
         agent_port=args.agent_port,
         agent_host=args.agent_host or args.host,
         admission_refusal=args.admission_refusal,
@@ -217,6 +228,36 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=16 * 1024 * 1024,
         help="per-session input not yet stepped, as float32 bytes (>= 10 s); beyond: input_backpressure",
+    )
+    budget = serve.add_argument_group("per-connection input budget (docs/operations.md)")
+    budget.add_argument(
+        "--input-budget",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="audio a session may have waiting for the model before its socket is not read",
+    )
+    budget.add_argument("--max-messages-per-s", type=float, default=200.0, help="client messages per second")
+    budget.add_argument("--message-burst", type=float, default=250.0, help="messages beyond the rate")
+    budget.add_argument(
+        "--max-bytes-per-s", type=float, default=1024.0 * 1024.0, help="client message bytes per second"
+    )
+    budget.add_argument(
+        "--byte-burst", type=float, default=32.0 * 1024.0 * 1024.0, help="bytes beyond the rate"
+    )
+    budget.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=0.5,
+        help="the interpreter's thread switch interval (sys.setswitchinterval): how long the "
+        "model's thread may wait for the GIL while the event loop is busy",
+    )
+    budget.add_argument(
+        "--rate-limit-after",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="close a client held back by its budget this long (rate_limited, 1008)",
     )
     serve.add_argument(
         "--outbox-events", type=int, default=4096, help="events a client may fall behind before slow_consumer"

@@ -60,6 +60,13 @@ class ServerConfig:
     body_timeout_s: float = 10.0
     keep_alive_timeout_s: float | None = None  # None: hypercorn's own (5 s, or its --keep-alive)
     max_connections: int | None = None
+    # per-connection input budget (docs/operations.md; RELIABILITY.md, "What a hostile client can cost you")
+    input_budget_s: float = 2.0  # audio ahead of the scheduler before the socket is not read
+    max_messages_per_s: float = 200.0
+    message_burst: float = 250.0
+    max_bytes_per_s: float = 1024.0 * 1024.0
+    byte_burst: float = 32.0 * 1024.0 * 1024.0
+    rate_limit_after_s: float = 60.0  # held back that long: rate_limited, 1008
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder
     agent_host: str = "127.0.0.1"
@@ -139,6 +146,12 @@ class ServerConfig:
             body_timeout_s=number("DUPLEX_BODY_TIMEOUT", default.body_timeout_s),
             keep_alive_timeout_s=_parse(env, "DUPLEX_KEEP_ALIVE_TIMEOUT", float, "a number of seconds"),
             max_connections=_parse(env, "DUPLEX_MAX_CONNECTIONS", int, "an integer"),
+            input_budget_s=number("DUPLEX_INPUT_BUDGET", default.input_budget_s),
+            max_messages_per_s=number("DUPLEX_MAX_MESSAGES_PER_S", default.max_messages_per_s),
+            message_burst=number("DUPLEX_MESSAGE_BURST", default.message_burst),
+            max_bytes_per_s=number("DUPLEX_MAX_BYTES_PER_S", default.max_bytes_per_s),
+            byte_burst=number("DUPLEX_BYTE_BURST", default.byte_burst),
+            rate_limit_after_s=number("DUPLEX_RATE_LIMIT_AFTER", default.rate_limit_after_s),
             agent_port=_parse(env, "DUPLEX_AGENT_PORT", int, "a port number"),
             agent_host=env.get("DUPLEX_AGENT_HOST", default.agent_host),
             admission_refusal=refusal,

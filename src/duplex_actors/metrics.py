@@ -92,7 +92,8 @@ def render(
         out.metric(
             "duplex_deadline_misses_total",
             "counter",
-            "Frames that waited longer than 80 ms for their step.",
+            "Frames the engine was late for: stepped over 80 ms after they were due (submitted, or "
+            "one frame after their session's previous one).",
             [("", {}, st.late_frames)],
         )
         out.metric(
@@ -116,6 +117,13 @@ def render(
             "gauge",
             "The scheduler's tick policy (1 for the one in use).",
             [("", {"policy": st.tick_policy}, 1)],
+        )
+        out.metric(
+            "duplex_session_backlog_frames_total",
+            "counter",
+            "Frames that waited over 80 ms only behind their own session's earlier frames "
+            "(the client sent faster than real time).",
+            [("", {}, st.backlog_frames)],
         )
         out.metric(
             "duplex_slots_total",

@@ -73,6 +73,9 @@ class SessionHandle:
     def __init__(self, actor: SessionActor, events: trio.MemoryReceiveChannel[ev.SessionEvent]) -> None:
         self._actor = actor
         self._events = events
+        # Since when every append has had to wait for the backlog to drain (None: the last one
+        # found room at once); a connection closes a client that stays there (rate_limited).
+        self.input_held_since: float | None = None
 
     @property
     def session_id(self) -> str:
@@ -103,7 +106,7 @@ class SessionHandle:
 
     async def append(self, samples: npt.NDArray[np.float32], *, client_event_id: str | None = None) -> None:
         """Float32 samples in [-1, 1], mono 24 kHz, any length (empty is refused by the core)."""
-        await self._send(
+        await self._send_input(
             r.Append(encode_f32(np.asarray(samples, dtype=np.float32)), "pcm_f32le", client_event_id)
         )
 
@@ -115,8 +118,18 @@ class SessionHandle:
         client_event_id: str | None = None,
         sample_rate_hz: int = SAMPLE_RATE,
     ) -> None:
-        """Audio as received, in any input format and rate of spec §3 (the core resamples)."""
-        await self._send(r.Append(audio, format, client_event_id, sample_rate_hz))
+        """Audio as received, in any input format and rate of spec §3 (the core resamples).
+        Waits while the session's backlog is over its soft budget (decision 11)."""
+        await self._send_input(r.Append(audio, format, client_event_id, sample_rate_hz))
+
+    async def _send_input(self, record: r.Append) -> None:
+        started = trio.current_time()
+        if await self._actor.wait_for_input_room(record):
+            if self.input_held_since is None:
+                self.input_held_since = started
+        else:
+            self.input_held_since = None
+        await self._send(record)
 
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""

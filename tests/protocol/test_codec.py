@@ -226,9 +226,9 @@ def test_a_huge_playback_ack_payload_is_refused() -> None:
 
 
 def test_every_code_has_an_error_type() -> None:
-    assert error_type("resource_exhausted") == "rate_limit_error"
+    assert error_type("resource_exhausted") == error_type("rate_limited") == "rate_limit_error"
     assert error_type("internal_error") == error_type("log_unavailable") == "server_error"
-    others = set(CODES) - {"resource_exhausted", "internal_error", "log_unavailable"}
+    others = set(CODES) - {"resource_exhausted", "rate_limited", "internal_error", "log_unavailable"}
     assert {error_type(c) for c in others} == {"invalid_request_error"}
     assert error_type("some_family_code") == "invalid_request_error"
 

@@ -174,6 +174,64 @@ async def test_late_frames_are_counted(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+class SlowSteps:
+    """Steps that take ``seconds`` of (virtual) time, as a real engine's do."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def run(self, fn):
+        await trio.sleep(self.seconds)
+        return fn()
+
+
+async def test_a_session_backlog_is_not_counted_as_engine_lateness(autojump_clock):
+    # 20 frames at once (a client far ahead of real time), 30 ms steps: the engine is never
+    # late, yet frames 3.. wait over 80 ms since their submission, behind their own session's.
+    async with trio.open_nursery() as nursery:
+        sched = Scheduler(RecordingEngine(1), clock=VIRTUAL_TIME, executor=SlowSteps(0.03))
+        await nursery.start(sched.run)
+        s = sched.admit(Sink())
+        for i in range(20):
+            sched.submit_nowait(s, i, frame(i))
+        await trio.sleep(2)
+        stats = sched.statistics()
+        assert stats.frames_stepped == 20
+        assert stats.late_frames == 0 and stats.backlog_frames == 17
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_backlog_the_engine_steps_slower_than_real_time_is_engine_lateness(autojump_clock):
+    # 20 frames at once, 110 ms steps: behind the real-time pace by 30 ms more each frame, so
+    # frames 3.. are late for the engine (over 80 ms after they were due); 1 and 2 are backlog.
+    async with trio.open_nursery() as nursery:
+        sched = Scheduler(RecordingEngine(1), clock=VIRTUAL_TIME, executor=SlowSteps(0.11))
+        await nursery.start(sched.run)
+        s = sched.admit(Sink())
+        for i in range(20):
+            sched.submit_nowait(s, i, frame(i))
+        await trio.sleep(3)
+        stats = sched.statistics()
+        assert stats.frames_stepped == 20
+        assert (stats.late_frames, stats.backlog_frames) == (17, 2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_steps_slower_than_real_time_are_engine_lateness(autojump_clock):
+    # One frame every 80 ms, 100 ms steps: the engine falls behind real time.
+    async with trio.open_nursery() as nursery:
+        sched = Scheduler(RecordingEngine(1), clock=VIRTUAL_TIME, executor=SlowSteps(0.1))
+        await nursery.start(sched.run)
+        s = sched.admit(Sink())
+        for i in range(20):
+            sched.submit_nowait(s, i, frame(i))
+            await trio.sleep(0.08)
+        await trio.sleep(1)
+        stats = sched.statistics()
+        assert stats.frames_stepped == 20 and stats.late_frames > 10
+        nursery.cancel_scope.cancel()
+
+
 class FailingSink(Sink):
     def __init__(self) -> None:
         super().__init__()

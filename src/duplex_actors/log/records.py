@@ -16,7 +16,11 @@ import attrs
 
 # 2: ``append`` records carry ``sample_rate_hz`` and any input format (G.711 too); a version 1
 # log has neither, and its appends read as 24 kHz, so it replays as it always did.
-FORMAT_VERSION: Final = 2
+# 3: ``rejected`` records may carry ``audio_bytes``: an append refused with
+# ``input_backpressure`` is logged as that small record, without its audio (DESIGN decision 11).
+# Older logs hold such refused appends as ``append`` records; the core refuses them again on
+# replay, with the same error, so they replay as they always did.
+FORMAT_VERSION: Final = 3
 _JSON_LEN = struct.Struct("<I")
 
 
@@ -120,13 +124,15 @@ class Step:
 
 @attrs.frozen(slots=True)
 class Rejected:
-    """An inbound event that failed validation, with the error the client was sent."""
+    """An inbound event that failed validation, with the error the client was sent.
+    ``audio_bytes``: for a refused append, the size of the audio it carried (never logged)."""
 
     KIND: ClassVar[int] = 12
     event_type: str
     code: str
     message: str
     client_event_id: str | None = None
+    audio_bytes: int | None = None
 
 
 @attrs.frozen(slots=True)

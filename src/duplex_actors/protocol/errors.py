@@ -32,6 +32,7 @@ INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code 
 INVALID_EVENT_ACK: Final = "invalid_event_ack"
 CONFIG_TIMEOUT: Final = "config_timeout"
 RESOURCE_EXHAUSTED: Final = "resource_exhausted"
+RATE_LIMITED: Final = "rate_limited"  # held back by the connection's budget too long (spec §6)
 SESSION_CLOSED: Final = "session_closed"
 LOG_UNAVAILABLE: Final = "log_unavailable"
 UNAUTHORIZED: Final = "unauthorized"
@@ -57,6 +58,7 @@ CODES: Final[tuple[str, ...]] = (
     INVALID_EVENT_ACK,
     CONFIG_TIMEOUT,
     RESOURCE_EXHAUSTED,
+    RATE_LIMITED,
     SESSION_CLOSED,
     LOG_UNAVAILABLE,
     UNAUTHORIZED,
@@ -65,6 +67,7 @@ CODES: Final[tuple[str, ...]] = (
 
 ERROR_TYPES: Final[dict[str, ErrorType]] = {
     RESOURCE_EXHAUSTED: "rate_limit_error",
+    RATE_LIMITED: "rate_limit_error",
     INTERNAL_ERROR: "server_error",
     LOG_UNAVAILABLE: "server_error",
 }

@@ -58,7 +58,7 @@ class SchedulerStatistics:
     step_seconds_sum: float
     step_seconds_buckets: tuple[tuple[float, int], ...]  # (upper bound, cumulative count)
     batch_sizes: tuple[tuple[int, int], ...]  # (batch size, ticks)
-    late_frames: int  # waited longer than one frame (80 ms) between submit and step
+    late_frames: int  # the engine was late: stepped over 80 ms after the frame was due
     dropped_frames: tuple[tuple[str, int], ...]  # (reason, frames)
     resets: int
     failed: bool
@@ -66,6 +66,9 @@ class SchedulerStatistics:
     catchup_steps: int = 0
     frame_wait_seconds_sum: float = 0.0
     frame_wait_seconds_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound, cumulative)
+    # waited over 80 ms since submission, but only behind the same session's earlier frames
+    # (the client sent faster than real time), not for the engine
+    backlog_frames: int = 0
 
 
 class Scheduler:
@@ -110,6 +113,7 @@ class Scheduler:
         self._step_hist = [0] * len(STEP_BUCKETS)
         self._batch_sizes: Counter[int] = Counter()
         self._late = 0
+        self._backlog = 0
         self._dropped: Counter[str] = Counter()
         self._resets = 0
         self._catchups = 0
@@ -192,6 +196,7 @@ class Scheduler:
             catchup_steps=self._catchups,
             frame_wait_seconds_sum=self._wait_sum,
             frame_wait_seconds_buckets=_cumulative(WAIT_BUCKETS, self._wait_hist),
+            backlog_frames=self._backlog,
         )
 
     # -- the tick loop ---------------------------------------------------------------------------
@@ -316,8 +321,18 @@ class Scheduler:
             waited = max(0.0, now - frame.submitted_at)
             self._wait_sum += waited
             self._wait_hist[_bucket(WAIT_BUCKETS, waited)] += 1
-            if waited > FRAME_MS / 1000:
+            # A frame is due when submitted, or, behind its own session's earlier frames (a
+            # client ahead of real time), one frame after the one before it: the engine is late
+            # only when it falls behind that real-time pace, not for the session's own backlog.
+            frame_s = FRAME_MS / 1000
+            due = frame.submitted_at
+            if entry.last_due is not None:
+                due = max(due, entry.last_due + frame_s)
+            entry.last_due = due
+            if now - due > frame_s:
                 self._late += 1
+            elif now - frame.submitted_at > frame_s:
+                self._backlog += 1
         if not batch:
             return
         started = self.clock.now()

@@ -56,6 +56,9 @@ class Slot:
     # A reset waiting to be applied before this slot's next step: (epoch, prompt).
     pending_reset: tuple[int, SessionPrompt | None] | None = None
     releasing: bool = False
+    # When this slot's previous stepped frame was due: a frame queued behind its own session's
+    # earlier frames is due one frame (80 ms) after the one before it, as if sent in real time.
+    last_due: float | None = None
 
     @property
     def active(self) -> bool:
@@ -84,6 +87,7 @@ class SlotTable:
         slot.frames.clear()
         slot.pending_reset = None
         slot.releasing = False
+        slot.last_due = None
         return slot
 
     def free_slot(self, slot: Slot) -> None:

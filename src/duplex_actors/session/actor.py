@@ -23,7 +23,7 @@ from ..errors import code_of
 from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev
-from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, SubmitFrame
+from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, SubmitFrame, input_samples
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,8 @@ class SessionActor:
         self._released = False
         self.counters = counters
         self._stop_submitting = False  # after a failed step: nothing more goes to the model
+        self._queued_input = 0  # 24 kHz samples of appends in the inbox, not yet applied
+        self._progress = trio.Event()  # set (and replaced) after each record is handled
 
     @property
     def session_id(self) -> str:
@@ -147,14 +149,43 @@ class SessionActor:
 
     async def send(self, record: r.Record) -> None:
         """A client command, in order; waits while too many commands are queued."""
-        await self.inbox.put_command(record)
+        samples = input_samples(record) if isinstance(record, r.Append) else 0
+        self._queued_input += samples
+        try:
+            await self.inbox.put_command(record)
+        except BaseException:
+            self._queued_input -= samples  # not queued
+            raise
+
+    @property
+    def input_backlog(self) -> int:
+        """Input received and not yet stepped (24 kHz samples), the appends still queued too."""
+        return self.core.buffered_samples + self._queued_input
+
+    async def wait_for_input_room(self, record: r.Append) -> bool:
+        """Wait while the backlog is over the soft budget (``input_budget_samples``), so that the
+        caller stops reading its client and TCP pushes back. An append the core would refuse
+        anyway (over the hard limit) returns at once: it is refused cheaply, without waiting.
+        Returns whether it waited."""
+        limits = self.core.limits
+        if self.input_backlog + input_samples(record) > limits.max_buffered_samples:
+            return False
+        waited = False
+        while self.input_backlog > limits.input_budget_samples and not self.done.is_set():
+            waited = True
+            await self._progress.wait()
+        return waited
 
     # -- the actor ---------------------------------------------------------------------------------
     async def run(self) -> None:
         try:
             while not self.core.closed:
                 record = await self.inbox.get()
+                if isinstance(record, r.Append):
+                    self._queued_input -= input_samples(record)
                 await self._handle(record)
+                self._progress.set()
+                self._progress = trio.Event()
         except BaseException:
             # Cancelled (server teardown) or a bug: still finish the log and free the slot.
             with trio.CancelScope(shield=True):
@@ -177,6 +208,9 @@ class SessionActor:
         return self.log.append_nowait(record)  # still full: LogBackpressure ends the session
 
     async def _handle(self, record: r.Record) -> None:
+        if isinstance(record, r.Append):
+            # Refused audio is logged as a small ``rejected`` record, never with its audio.
+            record = self.core.refusal_for(record) or record
         if self.log_error is None:
             try:
                 seq = await self._append(record)
@@ -257,6 +291,7 @@ class SessionActor:
             self._count_dropped_at_close(sum(isinstance(item, r.Step) for item in self.inbox.close()))
             self.outbox.close()
             self.done.set()
+            self._progress.set()
 
     def _count_dropped_at_close(self, frames: int) -> None:
         if frames and self.counters is not None:

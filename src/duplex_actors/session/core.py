@@ -72,10 +72,15 @@ class SessionLimits:
 
     max_buffered_samples: int = 16 * 1024 * 1024 // 4
     max_config_bytes: int = 256 * 1024
+    # The shell's soft budget, not a refusal: while more input than this is buffered (and
+    # queued for the core), the connection stops reading the client's socket (decision 11).
+    input_budget_samples: int = 2 * SAMPLE_RATE
 
     def __attrs_post_init__(self) -> None:
         if self.max_buffered_samples < 10 * SAMPLE_RATE:
             raise ValueError("max_buffered_samples must hold at least 10 s of audio")
+        if not 0 < self.input_budget_samples <= self.max_buffered_samples:
+            raise ValueError("input_budget_samples must be positive and within max_buffered_samples")
 
 
 class ConfigRefused(CodedError, ValueError):
@@ -84,6 +89,12 @@ class ConfigRefused(CodedError, ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def input_samples(record: r.Append) -> int:
+    """The append's length in 24 kHz samples, before resampling (one byte of G.711 at 8 kHz is
+    3 of them): what the input bounds count."""
+    return len(record.audio) * SAMPLE_RATE // (max(record.sample_rate_hz, 1) * _width(record.format))
 
 
 # -- effects -----------------------------------------------------------------------------------
@@ -341,22 +352,33 @@ class SessionCore:
             out.append(ResetSlot(self.epoch, prompt))
         # After the lock only sampling can change: it applies from the next epoch's reset.
 
+    def refusal_for(self, record: r.Append) -> r.Rejected | None:
+        """The ``rejected`` record to log instead of ``record`` when applying it would refuse it
+        with ``input_backpressure``, else None. A read-only query (a pure function of the
+        state): the shell asks it before logging, so refused audio never reaches the log, and
+        applying the record it returns emits exactly the error applying ``record`` would."""
+        if len(record.audio) == 0 or self.state not in (State.OPEN, State.RESPONDING):
+            return None
+        if self.buffered_samples + input_samples(record) <= self.limits.max_buffered_samples:
+            return None
+        return r.Rejected(
+            "input_audio_buffer.append",
+            "input_backpressure",
+            f"more than {self.limits.max_buffered_samples} samples buffered and not yet "
+            "stepped; send audio in real time",
+            record.client_event_id,
+            audio_bytes=len(record.audio),
+        )
+
     def _append(self, record: r.Append, out: list[Effect]) -> None:
         if len(record.audio) == 0:
             self._error(
                 out, "bad_event", "input_audio_buffer.append carries no audio", record.client_event_id
             )
             return
-        # Bounded before resampling, in 24 kHz samples (one byte of G.711 at 8 kHz is 3 of them).
-        incoming = len(record.audio) * SAMPLE_RATE // (max(record.sample_rate_hz, 1) * _width(record.format))
-        if self.buffered_samples + incoming > self.limits.max_buffered_samples:
-            self._error(
-                out,
-                "input_backpressure",
-                f"more than {self.limits.max_buffered_samples} samples buffered and not yet "
-                "stepped; send audio in real time",
-                record.client_event_id,
-            )
+        refusal = self.refusal_for(record)
+        if refusal is not None:
+            self._error(out, refusal.code, refusal.message, record.client_event_id)
             return
         try:
             samples = self._input.feed(record.audio, record.format, record.sample_rate_hz)

@@ -34,6 +34,7 @@ from ..protocol import errors
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer, SlotReservation
 from ..session import events as ev
+from .budget import RateLimits
 from .connection import CLOSE_CODES, Connection, Transport
 from .dialects import Command, Opening, OutboundMessage, WireMessage
 
@@ -134,6 +135,7 @@ class ApiChatConnection(Connection):
         counters: Counters,
         faults: Faults | None = None,
         reservation: SlotReservation | None = None,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         super().__init__(
             server,
@@ -143,6 +145,7 @@ class ApiChatConnection(Connection):
             counters=counters,
             faults=faults,
             reservation=reservation,
+            rate_limits=rate_limits,
         )
         self.chat = dialect
         self.stream: OpusStream | None = None

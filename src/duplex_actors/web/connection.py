@@ -9,7 +9,13 @@ and the session closes itself (``slow_consumer``) while the writer stays blocked
 until TCP gives up (``TCP_USER_TIMEOUT``).
 
 Close codes: client close and idle timeout 1000, server drain 1012 (after ``session.closing``),
-runtime failures 1011, admission refused 1013, policy (bad first message, wrong model) 1008.
+runtime failures 1011, admission refused 1013, policy (bad first message, wrong model, a client
+held back by its budget for too long: ``rate_limited``) 1008.
+
+The reader spends a budget (``budget.InputBudget``: messages and bytes per second with a burst)
+and waits for it before handling a message, and an append waits while the session's input
+backlog is over its soft budget: either way the socket is not read and TCP pushes back on the
+sender. A client held back continuously for ``RateLimits.persist_s`` is closed ``rate_limited``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..faults import Faults
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle, SlotReservation
 from ..session import events as ev
+from .budget import InputBudget, RateLimits
 from .dialects import Dialect, Opening, OutboundMessage, Projection, WireMessage
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,7 @@ CLOSE_CODES = {
     "error": 1011,
     "log_unavailable": 1011,
     "slow_consumer": 1011,
+    "rate_limited": 1008,
 }
 
 
@@ -88,8 +96,10 @@ class Connection:
         counters: Counters,
         faults: Faults | None = None,
         reservation: SlotReservation | None = None,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         self.server = server
+        self.rate_limits = rate_limits or RateLimits()
         self.reservation = reservation  # the slot held at the handshake, if any
         self.transport = transport
         self.dialect = dialect
@@ -193,6 +203,7 @@ class Connection:
 
     async def _reader(self) -> None:
         assert self.session is not None
+        budget = InputBudget(self.rate_limits, trio.current_time())
         while not self.session.closed:
             with trio.move_on_after(self.idle_timeout_s) as idle:
                 data = await self.transport.receive()
@@ -205,7 +216,32 @@ class Connection:
                 if grace.cancelled_caught:
                     await self.session.close("timeout")
                     return
+            size = len(data) if data is not None else 0
+            while (delay := budget.admit(trio.current_time(), size)) > 0:
+                if budget.persistent(trio.current_time(), self.session.input_held_since):
+                    await self._rate_limited()
+                    return
+                await trio.sleep(delay)  # the socket is not read meanwhile: TCP pushes back
             await self._handle(data)
+            if budget.persistent(trio.current_time(), self.session.input_held_since):
+                await self._rate_limited()
+                return
+
+    async def _rate_limited(self) -> None:
+        """The client stayed beyond its budget: say so, close the session (1008)."""
+        assert self.session is not None
+        limits = self.rate_limits
+        message = (
+            f"held back for over {limits.persist_s:g} s: more than {limits.messages_per_s:g} "
+            f"messages/s, {limits.bytes_per_s:g} bytes/s or a couple of seconds of audio ahead "
+            "of real time; send in real time"
+        )
+        log.warning("session %s: rate limited, closing", self.session.session_id)
+        try:
+            await self.session.reject("connection", "rate_limited", message)
+        except trio.ClosedResourceError:
+            return
+        await self.session.close("rate_limited")
 
     async def _handle(self, data: WireMessage) -> None:
         session = self.session

@@ -28,6 +28,7 @@ const ERROR_WORDS = {
   bad_audio: "The server could not read an audio frame from this page.",
   unsupported_audio_format: "The server does not accept this audio format.",
   input_backpressure: "The server is behind: it has more of your audio waiting than it can keep. Some audio was dropped.",
+  rate_limited: "This page sent audio or messages faster than real time for too long; the server ended the session.",
   response_cancel_not_active: "Nothing to interrupt yet: the model has not started answering.",
   session_closed: "The session has already ended.",
   log_unavailable: "The server cannot record sessions right now (its log storage failed); try again later.",
@@ -64,6 +65,7 @@ const CLOSED_WORDS = {
   error: "a server error ended it",
   log_unavailable: "the server could not record the session",
   slow_consumer: "this page could not keep up with the audio",
+  rate_limited: "this page sent faster than real time for too long",
   disconnect: "the connection dropped",
 };
 

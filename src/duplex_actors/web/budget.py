@@ -1,0 +1,109 @@
+"""A connection's budget of messages and bytes per second (sans-io: no trio, no clock).
+
+Two token buckets, refilled relative to real time, with a burst allowance each (decision 11:
+no client can spend other sessions' time). The defaults admit what real clients do: a browser
+sending 10 ms chunks (100 appends/s), vLLM-Omni's ``DuplexClient`` acknowledging every event
+(~25/s), and a 30 s upload at session start (held back a little, never closed: the session's
+soft input budget holds an upload back longer anyway); beyond, the shell stops reading the socket until
+the buckets refill (TCP pushes back), and a client that stays beyond its budget for
+``persist_s`` is closed with ``rate_limited``. The shell passes the time in; nothing here reads
+a clock, so the arithmetic is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(slots=True)
+class RateLimits:
+    """``messages_per_s``/``message_burst``: client messages of any kind; ``bytes_per_s``/
+    ``byte_burst``: their wire size (text or binary). ``persist_s``: how long a client may stay
+    held back (every message having to wait) before it is closed with ``rate_limited``."""
+
+    messages_per_s: float = 200.0
+    message_burst: float = 250.0
+    bytes_per_s: float = 1024.0 * 1024.0
+    byte_burst: float = 32.0 * 1024.0 * 1024.0
+    persist_s: float = 60.0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("messages_per_s", "message_burst", "bytes_per_s", "byte_burst", "persist_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if self.message_burst < 1:
+            raise ValueError("message_burst must admit one message")
+
+
+@attrs.define(slots=True)
+class TokenBucket:
+    """``capacity`` tokens, refilled at ``rate`` per second. A cost larger than the capacity is
+    admitted once the bucket is full and leaves it in debt, so no single message is refused
+    here (message sizes are the transport's limit) but a large one is paid for."""
+
+    rate: float
+    capacity: float
+    tokens: float
+    stamp: float
+
+    @classmethod
+    def full(cls, rate: float, capacity: float, now: float) -> TokenBucket:
+        return cls(rate, capacity, capacity, now)
+
+    def refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def wait(self, cost: float) -> float:
+        """Seconds until ``cost`` can be taken (0: now), after :meth:`refill`."""
+        need = min(cost, self.capacity)
+        short = need - self.tokens
+        # A rounding error's worth short is enough: waiting it out could not advance a clock.
+        return 0.0 if short <= 1e-9 * max(1.0, need) else short / self.rate
+
+    def take(self, cost: float) -> None:
+        self.tokens -= cost
+
+
+class InputBudget:
+    """One connection's budget. ``admit(now, nbytes)`` returns 0.0 when the message may be
+    handled now (its cost is taken), else the seconds to wait before asking again (nothing
+    taken). ``held_since`` is when the client began to be held back continuously: set by the
+    first message that had to wait, cleared by a message admitted without waiting once the
+    buckets are half full again."""
+
+    def __init__(self, limits: RateLimits, now: float) -> None:
+        self.limits = limits
+        self.messages = TokenBucket.full(limits.messages_per_s, limits.message_burst, now)
+        self.bytes = TokenBucket.full(limits.bytes_per_s, limits.byte_burst, now)
+        self.held_since: float | None = None
+        self._waiting = False  # the current message has been told to wait at least once
+
+    def admit(self, now: float, nbytes: int) -> float:
+        self.messages.refill(now)
+        self.bytes.refill(now)
+        delay = max(self.messages.wait(1.0), self.bytes.wait(float(nbytes)))
+        if delay > 0:
+            if not self._waiting and self.held_since is None:
+                self.held_since = now
+            self._waiting = True
+            return delay
+        self.messages.take(1.0)
+        self.bytes.take(float(nbytes))
+        # Held back ends only once the buckets have refilled well (half full): a client kept
+        # at the rate passes a few messages without waiting whenever the shell's sleep
+        # overshoots, and must not be forgiven for that.
+        if not self._waiting and self._recovered():
+            self.held_since = None
+        self._waiting = False
+        return 0.0
+
+    def _recovered(self) -> bool:
+        return all(b.tokens >= b.capacity / 2 for b in (self.messages, self.bytes))
+
+    def persistent(self, now: float, since: float | None = None) -> bool:
+        """Whether the client has been held back for longer than ``persist_s``: by this budget,
+        or since ``since`` by something else (the session's input backlog), whichever is older."""
+        starts = [t for t in (self.held_since, since) if t is not None]
+        return bool(starts) and now - min(starts) > self.limits.persist_s

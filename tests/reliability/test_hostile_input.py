@@ -1,0 +1,150 @@
+"""Hostile input (issue 13 items 1, 2, 14; decision 11): a client flooding full frames, a storm of
+one-sample appends, or a 60 s upload in a fraction of a second must not spend the other
+sessions' time, nor fill the log disk with refused audio.
+
+The reference-session pattern: a paced reference load (``duplex-load``, 2 sessions, its own
+process) runs beside each attack; its round-trip p99 is compared with a no-attack baseline
+measured in the same test. The attacker is a process of its own, niced
+(``tests/reliability/attacker.py``), so that the figures measure the server, not the shared CPU.
+One server: ``--max-sessions 4 --rate-limit-after 3``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from ..e2e.conftest import start_server
+from .conftest import ametrics, metric_sum, wait_slots_free
+from .test_disconnects import run_load
+
+RATE_LIMIT_AFTER_S = 3.0
+ATTACK_S = 6.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory, parrot_dir):
+    server = start_server(
+        tmp_path_factory.mktemp("hostile"),
+        "--max-sessions",
+        "4",
+        "--rate-limit-after",
+        str(RATE_LIMIT_AFTER_S),
+        "--drain-timeout",
+        "2",
+        # e.g. "--switch-interval-ms 5 --max-messages-per-s 1e9 --message-burst 1e9" measures
+        # the server as it was before this test (RELIABILITY.md); the asserts then fail.
+        *os.environ.get("DUPLEX_HOSTILE_SERVER_ARGS", "").split(),
+    )
+    yield server
+    server.stop()
+
+
+async def attack(server, mode: str, seconds: float, into: dict) -> None:
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "tests.reliability.attacker"]
+    cmd += [str(server.port), mode, str(seconds)]
+    with trio.fail_after(seconds + 30):
+        proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    into.update(json.loads(proc.stdout))
+
+
+def log_bytes(server) -> int:
+    return sum(p.stat().st_size for p in server.log_dir.glob("*.dlog"))
+
+
+async def step_stats(server) -> tuple[float, float]:
+    text = await ametrics(server)
+    return (
+        metric_sum(text, "duplex_step_duration_seconds_sum"),
+        metric_sum(text, "duplex_step_duration_seconds_count"),
+    )
+
+
+async def under_attack(server, tmp_path: Path, mode: str) -> tuple[dict, dict, dict]:
+    """(the reference load's aggregate, what the attacker saw, server-side figures)."""
+    await wait_slots_free(server)
+    before_bytes = log_bytes(server)
+    s0, n0 = await step_stats(server)
+    seen: dict = {}
+    loaded: dict = {}
+
+    async def reference() -> None:
+        await trio.sleep(0.5)  # the attack is under way first
+        loaded.update(await run_load(server, tmp_path / mode, 2, ATTACK_S - 1))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(attack, server, mode, ATTACK_S, seen)
+        nursery.start_soon(reference)
+    s1, n1 = await step_stats(server)
+    figures = {
+        "log_bytes_per_s": (log_bytes(server) - before_bytes) / ATTACK_S,
+        "step_mean_ms": 1000 * (s1 - s0) / max(n1 - n0, 1),
+    }
+    return loaded, seen, figures
+
+
+async def test_floods_are_pushed_back_log_little_and_leave_others_their_time(
+    hostile_server, tmp_path, record
+):
+    await wait_slots_free(hostile_server)
+    await run_load(hostile_server, tmp_path / "warmup", 2, 2)
+    await wait_slots_free(hostile_server)
+    s0, n0 = await step_stats(hostile_server)
+    base = await run_load(hostile_server, tmp_path / "baseline", 2, ATTACK_S - 1)
+    s1, n1 = await step_stats(hostile_server)
+    base_step_ms = 1000 * (s1 - s0) / max(n1 - n0, 1)
+    results = []
+    for mode in ("flood", "tiny"):
+        loaded, seen, figures = await under_attack(hostile_server, tmp_path, mode)
+        results.append((mode, loaded, seen, figures))
+        ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
+        record(
+            mode=mode,
+            baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
+            attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
+            p99_ratio=round(ratio, 3),
+            baseline_step_mean_ms=round(base_step_ms, 2),
+            attack_step_mean_ms=round(figures["step_mean_ms"], 2),
+            log_bytes_per_s=round(figures["log_bytes_per_s"]),
+            attacker_sent_per_s=seen["sent_per_s"],
+            attacker_errors=seen["errors"],
+            attacker_closes=seen["closes"],
+            attacker_connections=seen["connections"],
+            reference_lost=loaded["lost_frames"],
+        )
+    for mode, loaded, seen, figures in results:  # every figure is recorded before any assert
+        ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
+        # Held back, then closed once that lasted past --rate-limit-after (it reconnected).
+        assert seen["errors"].get("rate_limited", 0) >= 1 and seen["closes"].get("1008", 0) >= 1, seen
+        assert "input_backpressure" not in seen["errors"]  # not refused append by append
+        # The log grows with what the model consumes (a frame a tick per session), not with what
+        # was sent: ~100 KB/s for one session's input and output; allow 5 sessions' worth.
+        assert figures["log_bytes_per_s"] < 500_000, figures
+        assert loaded["lost_frames"] == 0
+        assert ratio < 2.0, (mode, base["round_trip_ms"], loaded["round_trip_ms"], figures)
+
+
+async def test_an_upload_counts_as_session_backlog_not_as_deadline_misses(hostile_server, tmp_path, record):
+    """60 s of audio sent at once: the server reads what fits its soft budget (2 s), the model
+    works through it back to back, and the frames that waited did so behind their own session."""
+    await wait_slots_free(hostile_server)
+    text = await ametrics(hostile_server)
+    misses0 = metric_sum(text, "duplex_deadline_misses_total")
+    backlog0 = metric_sum(text, "duplex_session_backlog_frames_total")
+    seen: dict = {}
+    await attack(hostile_server, "upload:60", 3.0, seen)
+    text = await ametrics(hostile_server)
+    misses = metric_sum(text, "duplex_deadline_misses_total") - misses0
+    backlog = metric_sum(text, "duplex_session_backlog_frames_total") - backlog0
+    record(deadline_misses=misses, session_backlog_frames=backlog, attacker_sent_per_s=seen["sent_per_s"])
+    # Before the split every one of them was a deadline miss. A miss now means the engine fell
+    # behind the real-time pace (possible on a shared box whose steps take ~70 of the 80 ms).
+    assert backlog >= 10
+    assert misses <= backlog / 4, (misses, backlog)
