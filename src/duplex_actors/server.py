@@ -98,9 +98,9 @@ class SessionHandle:
         """Why the session ended (``client_close``, ``timeout``, ``slow_consumer``, ...), once it has."""
         return self._actor.close_reason
 
-    async def _send(self, record: r.Record) -> None:
+    async def _send(self, record: r.Record, *, applied: bool = False) -> None:
         try:
-            await self._actor.send(record)
+            await self._actor.send(record, applied=applied)
         except trio.ClosedResourceError:
             raise trio.ClosedResourceError(f"session {self.session_id} has ended") from None
 
@@ -138,7 +138,10 @@ class SessionHandle:
         if refusal is not None:
             await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
             return
-        await self._send(r.Update(dict(config), client_event_id))
+        # Applied before returning: an update waits for its commit before the core takes it
+        # (no session.updated ahead of its record), and the client's next append must be
+        # parsed with the config it sets (its input format and rate).
+        await self._send(r.Update(dict(config), client_event_id), applied=True)
 
     def _context_refusal(self, config: Mapping[str, Any]) -> str | None:
         """Why the merged config's prompt cannot fit the model's context, or None. Asked before

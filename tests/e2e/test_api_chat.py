@@ -262,6 +262,8 @@ FRAMINGS = {
     "personaplex-80ms": lambda pcm: libopus_messages(pcm, 80, 1, "separate"),
     "40ms-2-per-page-headers-together": lambda pcm: libopus_messages(pcm, 40, 2, "together"),
     "fragments-of-97-bytes": lambda pcm: fragments(libopus_messages(pcm, 20, 1, "separate"), 97),
+    # Over the server's decode slice (web/api_chat.py DECODE_SLICE_BYTES): decoded in pieces.
+    "the-whole-stream-in-one-message": lambda pcm: [b"".join(sphn_messages(pcm))],
 }
 
 

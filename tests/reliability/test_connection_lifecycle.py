@@ -204,6 +204,8 @@ async def test_a_pause_longer_than_the_idle_timeout_closes_only_the_silent_sessi
                 resumed_s = time.monotonic() - t_cont
                 closed_silent = await silent.wait_for("session.closed", timeout=5)
                 silent_closed_s = time.monotonic() - t_cont
+                # The close frame follows session.closed: wait for it, do not race it.
+                await silent.wait_until(lambda: silent.close_code is not None, timeout=5)
                 nursery.cancel_scope.cancel()
             reasons = [[e["reason"] for e in x.of_type("session.closed")] for x in streaming]
             errors = [x.error_codes() for x in streaming]

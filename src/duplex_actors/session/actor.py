@@ -104,6 +104,7 @@ class SessionActor:
         self._stop_submitting = False  # after a failed step: nothing more goes to the model
         self._queued_input = 0  # 24 kHz samples of appends in the inbox, not yet applied
         self._progress = trio.Event()  # set (and replaced) after each record is handled
+        self._commands_done = 0  # client commands handled (inbox ordinals up to this one)
 
     @property
     def session_id(self) -> str:
@@ -147,15 +148,20 @@ class SessionActor:
         )
         self.inbox.put_result_nowait(r.Close("error"))
 
-    async def send(self, record: r.Record) -> None:
-        """A client command, in order; waits while too many commands are queued."""
+    async def send(self, record: r.Record, *, applied: bool = False) -> None:
+        """A client command, in order; waits while too many commands are queued. ``applied``:
+        also wait until the actor has handled it (its record committed and applied to the
+        core), so that what the caller reads of the core next (the config a client's next
+        append is parsed with) includes it."""
         samples = input_samples(record) if isinstance(record, r.Append) else 0
         self._queued_input += samples
         try:
-            await self.inbox.put_command(record)
+            ordinal = await self.inbox.put_command(record)
         except BaseException:
             self._queued_input -= samples  # not queued
             raise
+        while applied and self._commands_done < ordinal and not self.done.is_set():
+            await self._progress.wait()
 
     @property
     def input_backlog(self) -> int:
@@ -184,6 +190,7 @@ class SessionActor:
                 if isinstance(record, r.Append):
                     self._queued_input -= input_samples(record)
                 await self._handle(record)
+                self._commands_done = self.inbox.commands_taken
                 self._progress.set()
                 self._progress = trio.Event()
         except BaseException:

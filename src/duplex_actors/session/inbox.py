@@ -21,6 +21,8 @@ class Inbox(Generic[T]):
         self._items: deque[tuple[bool, T]] = deque()
         self._commands = 0
         self._max_commands = max_commands
+        self.commands_put = 0  # over the inbox's life: a command's ordinal is its count
+        self.commands_taken = 0
         self._changed = trio.Event()
         self.closed = False
 
@@ -31,10 +33,11 @@ class Inbox(Generic[T]):
         self._changed.set()
         self._changed = trio.Event()
 
-    async def put_command(self, item: T) -> None:
-        """Queue a command, waiting while ``max_commands`` are queued. A checkpoint like every
-        trio async call: a cancelled caller raises before queueing, and a producer that always
-        finds room still lets the session (and every other task) run."""
+    async def put_command(self, item: T) -> int:
+        """Queue a command, waiting while ``max_commands`` are queued; returns its ordinal (1
+        for the first command ever queued). A checkpoint like every trio async call: a
+        cancelled caller raises before queueing, and a producer that always finds room still
+        lets the session (and every other task) run."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while self._commands >= self._max_commands and not self.closed:
             await self._changed.wait()
@@ -42,8 +45,11 @@ class Inbox(Generic[T]):
             raise trio.ClosedResourceError("the session has ended")
         self._items.append((True, item))
         self._commands += 1
+        self.commands_put += 1
+        ordinal = self.commands_put
         self._notify()
         await trio.lowlevel.cancel_shielded_checkpoint()  # queued: never cancelled after that
+        return ordinal
 
     def put_result_nowait(self, item: T) -> None:
         if self.closed:
@@ -57,6 +63,7 @@ class Inbox(Generic[T]):
         is_command, item = self._items.popleft()
         if is_command:
             self._commands -= 1
+            self.commands_taken += 1
             self._notify()
         return item
 

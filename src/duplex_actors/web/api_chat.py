@@ -40,6 +40,8 @@ from .dialects import Command, Opening, OutboundMessage, WireMessage
 
 log = logging.getLogger(__name__)
 
+# Inbound audio goes to the codec in slices of at most this many bytes (see _handle).
+DECODE_SLICE_BYTES = 2048
 # How long the handshake may wait for the slot's prompt prefill before the session ends (1011).
 PREPARE_TIMEOUT_S = 30.0
 # Session close reasons of this dialect and their close codes (added to the shared table).
@@ -265,24 +267,40 @@ class ApiChatConnection(Connection):
                 self.counters.ignored_messages["api_chat_pre_handshake"] += 1
                 await stream.discard(payload)
                 return
-            pcm = await stream.decode(payload)
         except undecodable as exc:
-            try:
-                await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
-            except trio.ClosedResourceError:
-                return
-            await session.close(INVALID_AUDIO)
+            await self._undecodable(exc)
             return
         except lost:
             await self._codec_lost()
             return
-        if len(pcm) == 0:
-            return
+        # Decoded a slice at a time: real clients send well under one slice per message, and a
+        # large message (a few bytes of Ogg can hold seconds of Opus) never becomes one huge
+        # buffer; each append waits while the session's input is over its budget.
+        for start in range(0, len(payload), DECODE_SLICE_BYTES):
+            try:
+                pcm = await stream.decode(payload[start : start + DECODE_SLICE_BYTES])
+            except undecodable as exc:
+                await self._undecodable(exc)
+                return
+            except lost:
+                await self._codec_lost()
+                return
+            if len(pcm) == 0:
+                continue
+            try:
+                # Logged as PCM16 (what the decoder resolves; half the bytes of float32).
+                await session.append_bytes(float_to_pcm16(pcm), "pcm16")
+            except trio.ClosedResourceError:
+                return  # the session ended meanwhile: the writer closes
+
+    async def _undecodable(self, exc: BaseException) -> None:
+        session = self.session
+        assert session is not None
         try:
-            # Logged as PCM16 (what the decoder resolves; half the bytes of float32).
-            await session.append_bytes(float_to_pcm16(pcm), "pcm16")
+            await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
         except trio.ClosedResourceError:
-            pass  # the session ended meanwhile: the writer closes
+            return
+        await session.close(INVALID_AUDIO)
 
     async def _codec_lost(self) -> None:
         session = self.session
