@@ -1,7 +1,9 @@
 """A hostile client in a process of its own (run niced by tests/reliability/test_hostile_input.py,
 as a real attacker would be on another machine): ``python -m tests.reliability.attacker PORT MODE
 SECONDS``. Modes: ``flood`` (80 ms pcm16 appends as fast as TCP takes them), ``tiny`` (appends
-of one sample each), ``upload:S`` (S seconds of audio at once, then nothing). On a close it
+of one sample each), ``upload:S`` (S seconds of audio at once, then nothing), ``config``
+(session.update after session.update, each adding a new 200 KB key, then a value of 1e400, a
+persona with a lone surrogate and one far past the model's context, over and over). On a close it
 reconnects, as a determined attacker would. Prints one JSON object: what it sent per second,
 and every error code and close code the server gave it."""
 
@@ -37,6 +39,20 @@ async def main(port: int, mode: str, seconds: float) -> None:
     if mode == "tiny":
         one = frame_bytes(OP_TEXT, append_text(tone_pcm16(1)[:2]).encode())
         batch, per_batch = one * 64, 64
+    elif mode == "config":
+        updates = [{f"k{i}": "x" * 200_000} for i in range(40)] + [
+            {"temperature": "1e400"},
+            {"instructions": "\ud800 hi"},
+            {"instructions": "many words " * 200},
+        ]
+        texts = [
+            json.dumps({"type": "session.update", "event_id": f"a{i}", "session": u}).replace(
+                '"1e400"', "1e400"
+            )
+            for i, u in enumerate(updates)
+        ]
+        batch, per_batch = b"".join(frame_bytes(OP_TEXT, t.encode()) for t in texts), len(texts)
+        one = batch
     elif mode == "flood" or mode.startswith("upload"):
         one = frame_bytes(OP_TEXT, append_text(tone_pcm16(1)).encode())
         batch, per_batch = one * 4, 4

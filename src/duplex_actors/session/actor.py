@@ -218,6 +218,9 @@ class SessionActor:
         if isinstance(record, r.Append):
             # Refused audio is logged as a small ``rejected`` record, never with its audio.
             record = self.core.refusal_for(record) or record
+        elif isinstance(record, r.Update):
+            # So is a refused update, never with its config (it may be hundreds of KB).
+            record = self.core.refusal_for_update(record) or record
         if self.log_error is None:
             try:
                 seq = await self._append(record)

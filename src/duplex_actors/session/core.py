@@ -97,6 +97,20 @@ def input_samples(record: r.Append) -> int:
     return len(record.audio) * SAMPLE_RATE // (max(record.sample_rate_hz, 1) * _width(record.format))
 
 
+# Room for the effective voice and persona, which the family may spell longer than the client.
+CONFIG_SLACK_BYTES = 16 * 1024
+
+
+def _json_size(config: Mapping[str, Any]) -> int:
+    return len(json.dumps(config, separators=(",", ":"), default=str))
+
+
+@attrs.frozen(slots=True)
+class _Refusal:
+    code: str
+    message: str
+
+
 # -- effects -----------------------------------------------------------------------------------
 @attrs.frozen(slots=True)
 class Emit:
@@ -157,6 +171,7 @@ class SessionCore:
         self.limits = limits or SessionLimits()
         self.state = State.IDLE
         self.config: dict[str, Any] = {}
+        self._config_bytes = 2  # of self.config as compact JSON ("{}")
         self.prompt: Any = None
         self.epoch = 0
         self.frames_in = 0  # whole input frames drained (= next frame index)
@@ -316,37 +331,68 @@ class SessionCore:
             config = {}
         self.prompt = prompt
         self.config = self._effective(config, prompt)
+        self._config_bytes = _json_size(self.config)
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
         if refusal is not None:
             self._error(out, code_of(refusal, "invalid_value"), str(refusal), record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
 
-    def _update(self, record: r.Update, out: list[Effect]) -> None:
+    def _update_outcome(self, record: r.Update) -> tuple[Any, dict[str, Any]] | _Refusal:
+        """(prompt, effective config) of an update the core takes, else (code, message) of its
+        refusal. Pure: ``refusal_for_update`` and ``_update`` share it."""
         merged = {**self.config, **record.config}
         try:
             prompt = self._validated(merged)
         except Exception as exc:
-            self._error(out, code_of(exc, "invalid_value"), str(exc), record.client_event_id)
-            return
+            return _Refusal(code_of(exc, "invalid_value"), str(exc))
         if self.locked:
             if prompt.voice != self.prompt.voice:
-                msg = "the voice cannot change after the first audio frame reached the model"
-                self._error(out, "voice_update_unsupported", msg, record.client_event_id)
-                return
+                return _Refusal(
+                    "voice_update_unsupported",
+                    "the voice cannot change after the first audio frame reached the model",
+                )
             if prompt.persona != self.prompt.persona:
-                msg = "the persona cannot change after the first audio frame reached the model"
-                self._error(out, "persona_update_unsupported", msg, record.client_event_id)
-                return
+                return _Refusal(
+                    "persona_update_unsupported",
+                    "the persona cannot change after the first audio frame reached the model",
+                )
         effective = self._effective(merged, prompt)
-        size = len(json.dumps(effective, separators=(",", ":"), default=str))
-        if size > self.limits.max_config_bytes:
-            msg = f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}"
-            self._error(out, "invalid_value", msg, record.client_event_id)
+        # The merged config is at most the current one plus the update (plus the effective
+        # voice and persona): only near the bound is it worth serialising whole.
+        bound = self.limits.max_config_bytes
+        if self._config_bytes + _json_size(record.config) + CONFIG_SLACK_BYTES <= bound:
+            return prompt, effective
+        size = _json_size(effective)
+        if size > bound:
+            return _Refusal(
+                "invalid_value",
+                f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}",
+            )
+        return prompt, effective
+
+    def refusal_for_update(self, record: r.Update) -> r.Rejected | None:
+        """The small ``rejected`` record to log instead of an update the core would refuse
+        (else None): a read-only query, as ``refusal_for`` is for appends, so a client sending
+        refused updates of any size costs the log a few bytes each; applying the record it
+        returns emits exactly the error applying ``record`` would."""
+        if self.state not in (State.OPEN, State.RESPONDING):
+            return None
+        outcome = self._update_outcome(record)
+        if isinstance(outcome, _Refusal):
+            return r.Rejected("session.update", outcome.code, outcome.message, record.client_event_id)
+        return None
+
+    def _update(self, record: r.Update, out: list[Effect]) -> None:
+        outcome = self._update_outcome(record)
+        if isinstance(outcome, _Refusal):
+            self._error(out, outcome.code, outcome.message, record.client_event_id)
             return
+        prompt, effective = outcome
         changed = prompt != self.prompt
         self.prompt = prompt
         self.config = effective
+        self._config_bytes = _json_size(effective)
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
         if changed and not self.locked:
             out.append(ResetSlot(self.epoch, prompt))
