@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-bytes-per-s", type=float, default=1024.0 * 1024.0, help="client message bytes per second"
     )
     budget.add_argument(
-        "--byte-burst", type=float, default=32.0 * 1024.0 * 1024.0, help="bytes beyond the rate"
+        "--byte-burst", type=float, default=8.0 * 1024.0 * 1024.0, help="bytes beyond the rate"
     )
     budget.add_argument(
         "--switch-interval-ms",

@@ -65,7 +65,7 @@ class ServerConfig:
     max_messages_per_s: float = 200.0
     message_burst: float = 250.0
     max_bytes_per_s: float = 1024.0 * 1024.0
-    byte_burst: float = 32.0 * 1024.0 * 1024.0
+    byte_burst: float = 8.0 * 1024.0 * 1024.0
     rate_limit_after_s: float = 60.0  # held back that long: rate_limited, 1008
     # scale-out (docs/scaling.md)
     agent_port: int | None = None  # HAProxy agent-check responder

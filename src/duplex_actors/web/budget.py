@@ -24,7 +24,7 @@ class RateLimits:
     messages_per_s: float = 200.0
     message_burst: float = 250.0
     bytes_per_s: float = 1024.0 * 1024.0
-    byte_burst: float = 32.0 * 1024.0 * 1024.0
+    byte_burst: float = 8.0 * 1024.0 * 1024.0
     persist_s: float = 60.0
 
     def __attrs_post_init__(self) -> None:
