@@ -477,29 +477,17 @@ async def _run_connection(
         byte_burst=holder.config.byte_burst,
         persist_s=holder.config.rate_limit_after_s,
     )
-    conn: Connection
-    if isinstance(dialect, ApiChatDialect):
-        conn = ApiChatConnection(
-            server,
-            transport,
-            dialect=dialect,
-            idle_timeout_s=holder.config.idle_timeout_s,
-            counters=holder.counters,
-            faults=holder.faults,
-            reservation=reservation,
-            rate_limits=rate_limits,
-        )
-    else:
-        conn = Connection(
-            server,
-            transport,
-            dialect=dialect,
-            idle_timeout_s=holder.config.idle_timeout_s,
-            counters=holder.counters,
-            faults=holder.faults,
-            reservation=reservation,
-            rate_limits=rate_limits,
-        )
+    kind = ApiChatConnection if isinstance(dialect, ApiChatDialect) else Connection
+    conn: Connection = kind(
+        server,
+        transport,
+        dialect=dialect,
+        idle_timeout_s=holder.config.idle_timeout_s,
+        counters=holder.counters,
+        faults=holder.faults,
+        reservation=reservation,
+        rate_limits=rate_limits,
+    )
     holder.add_connection(conn)
     try:
         await _open_and_run(conn, dialect, holder.config.model, server, holder.config)

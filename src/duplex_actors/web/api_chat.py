@@ -26,15 +26,12 @@ import numpy.typing as npt
 import trio
 
 from ..audio import float_to_pcm16
-from ..counters import Counters
-from ..faults import Faults
 from ..model.engine import EngineFamily
 from ..protocol import api_chat as wire
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
-from ..server import DuplexServer, SlotReservation
+from ..server import DuplexServer
 from ..session import events as ev
-from .budget import RateLimits
 from .connection import CLOSE_CODES, Connection, Transport
 from .dialects import Command, Opening, OutboundMessage, WireMessage
 
@@ -44,11 +41,9 @@ log = logging.getLogger(__name__)
 DECODE_SLICE_BYTES = 2048
 # How long the handshake may wait for the slot's prompt prefill before the session ends (1011).
 PREPARE_TIMEOUT_S = 30.0
-# Session close reasons of this dialect and their close codes (added to the shared table).
+# Session close reasons of this dialect (their close codes are in connection.CLOSE_CODES).
 INVALID_AUDIO = "invalid_audio"
 CODEC_LOST = "codec_lost"
-CLOSE_CODES.setdefault(INVALID_AUDIO, 1007)
-CLOSE_CODES.setdefault(CODEC_LOST, 1011)
 
 
 class OpusStream(Protocol):
@@ -133,22 +128,11 @@ class ApiChatConnection(Connection):
         transport: Transport,
         *,
         dialect: ApiChatDialect,
-        idle_timeout_s: float,
-        counters: Counters,
-        faults: Faults | None = None,
-        reservation: SlotReservation | None = None,
-        rate_limits: RateLimits | None = None,
+        **settings: Any,  # Connection's: idle_timeout_s, counters, faults, reservation, rate_limits
     ) -> None:
-        super().__init__(
-            server,
-            transport,
-            dialect=dialect,  # type: ignore[arg-type]  # its projection yields EncodeAudio too
-            idle_timeout_s=idle_timeout_s,
-            counters=counters,
-            faults=faults,
-            reservation=reservation,
-            rate_limits=rate_limits,
-        )
+        # its projection yields EncodeAudio too
+        super().__init__(server, transport, dialect=dialect, **settings)  # type: ignore[arg-type]
+
         self.chat = dialect
         self.stream: OpusStream | None = None
         self.ready = False  # the handshake is sent: audio from now on reaches the session

@@ -45,6 +45,9 @@ CLOSE_CODES = {
     "log_unavailable": 1011,
     "slow_consumer": 1011,
     "rate_limited": 1008,
+    # /api/chat's own endings: undecodable Ogg/Opus, and a codec worker process that died
+    "invalid_audio": 1007,
+    "codec_lost": 1011,
 }
 
 
