@@ -63,6 +63,7 @@ from duplex_actors.scheduler.policy import (
     make_policy,
     percentile,
 )
+from duplex_actors.session.alignment import FRAME, Aligner, ClientHint, Grid, ServerPad
 
 TICK_MS = 80.0
 # Median ms per step of the tiny model against B (BENCHMARKS.md, bench/engine.py, 2026-11-30).
@@ -98,12 +99,6 @@ class Jitter:
             out.append(d)
         return out
 
-    def lateness_p99(self, rng: random.Random) -> float:
-        """p99 of the delay above its minimum, without bursts (what the margin adapts to)."""
-        plain: Jitter = attrs.evolve(self, bursts_per_s=0.0)
-        sample = plain.delays(2000, 80, rng)
-        return float(percentile(sample, 99) - min(sample))
-
 
 JITTER = {
     "loopback": Jitter(base_ms=0.1, mean_ms=0.2, cap_ms=5),
@@ -125,83 +120,75 @@ def phases(kind: str, n: int, rng: random.Random) -> list[float]:
 # The simulated server has been running: its grid's ticks are at this origin + n * 80 ms (the
 # sessions' phases are relative to 0; the 10 ms is the lead a fresh grid would take).
 WARM_ORIGIN = 0.010
+SAMPLES_PER_MS = 24
 
 
-def chunk_ends(
-    chunk_ms: float, seconds: float, pad_ms: float = 0.0, at_ms: float = 0.0, client: bool = False
-) -> list[float]:
-    """Client-stream positions (ms) where each chunk ends; ``client``: the short chunk of the hint."""
-    ends, x = [], 0.0
-    while x + chunk_ms <= seconds * 1000 + 1e-9:
-        short = client and pad_ms and abs(x - at_ms) < 1e-9
-        x += chunk_ms - pad_ms if short else chunk_ms
-        ends.append(x)
-    return ends
+@attrs.frozen
+class Trace:
+    """One session at the server: when each of its 80 ms frames completed (seconds), the pad
+    the aligner had inserted (24 kHz samples), its margin at the end, and its decisions."""
+
+    completions: tuple[float, ...]
+    pad_samples: int = 0
+    margin_ms: float = 0.0
+    decisions: tuple[str, ...] = ()  # "pad:<reason>" / "hint:<reason>", in order
 
 
-def frame_completions(
-    ends: list[float], delays: list[float], phase_ms: float, pad_ms: float = 0.0, at_ms: float = 0.0
-) -> list[float]:
-    """When each 80 ms server frame completes (seconds): ``pad_ms`` of silence at client ``at_ms``."""
-    arrivals, last = [], 0.0
-    for x, d in zip(ends, delays, strict=False):
-        last = max(last, phase_ms + x + d)  # captured in real time, one TCP stream: in order
-        arrivals.append(last)
-    out: list[float] = []
-    j = k = 0
-    while True:
-        server_end = TICK_MS * (k + 1)
-        if pad_ms and server_end > at_ms:
-            need = max(at_ms, server_end - pad_ms)  # client audio this frame needs
-        else:
-            need = server_end
-        while j < len(ends) and ends[j] < need - 1e-9:
-            j += 1
-        if j == len(ends):
-            return out
-        out.append(arrivals[j] / 1000)
-        k += 1
+def session_trace(
+    chunk_ms: float, phase_ms: float, delays: list[float], align: str, max_pad_samples: int
+) -> Trace:
+    """Play one session's appends through the real ``Aligner`` as the session actor does.
 
-
-def alignable(chunk_ms: float, align: str) -> bool:
-    if align == "server":
-        return chunk_ms < TICK_MS and TICK_MS % chunk_ms == 0
-    if align == "client":
-        return chunk_ms <= TICK_MS and TICK_MS % chunk_ms == 0
-    return False
+    The client sends ``chunk_ms`` chunks in real time from ``phase_ms`` over an in-order link
+    (chunk j delayed ``delays[j]`` ms, never overtaking the one before). A server pad is
+    inserted before the append it was decided at; a hint is applied by the client to its next
+    chunk (sent ``pad_ms`` early, with ``80 - pad_ms`` ms of audio and the pad on it)."""
+    chunk = round(chunk_ms * SAMPLES_PER_MS)
+    aligner = Aligner(mode=align, max_total_pad_samples=max_pad_samples)
+    grid = Grid(origin=WARM_ORIGIN, period=TICK_MS / 1000)
+    completions: list[float] = []
+    decisions: list[str] = []
+    tail = sent = 0
+    last = 0.0
+    hint: int | None = None
+    for delay in delays:
+        size, pad = chunk, 0
+        if hint is not None:
+            pad, size, hint = hint * SAMPLES_PER_MS, chunk - hint * SAMPLES_PER_MS, None
+            aligner.client_padded(pad)
+        sent += size
+        now = last = max(last, (phase_ms + sent / SAMPLES_PER_MS + delay) / 1000)
+        decision = aligner.before_append(now, grid, size, tail)
+        if isinstance(decision, ServerPad):
+            pad += decision.samples
+            decisions.append(f"pad:{decision.reason}")
+        elif isinstance(decision, ClientHint):
+            hint = decision.pad_ms
+            decisions.append(f"hint:{decision.reason}")
+        tail += pad + size
+        while tail >= FRAME:
+            tail -= FRAME
+            completions.append(now)
+    return Trace(tuple(completions), aligner.total_pad_samples, aligner.margin_ms, tuple(decisions))
 
 
 def traces_for(
-    n: int, chunk_ms: float, phase_kind: str, jitter: Jitter, align: str, seconds: float, seed: int
-) -> list[list[float]]:
+    n: int,
+    chunk_ms: float,
+    phase_kind: str,
+    jitter: Jitter,
+    align: str,
+    seconds: float,
+    seed: int,
+    max_pad_samples: int = 24_000,
+) -> list[Trace]:
     rng = random.Random(seed * 1_000_003 + n)
     starts = phases(phase_kind, n, rng)
-    plain_ends = chunk_ends(chunk_ms, seconds)
-    delays = [jitter.delays(len(plain_ends) + 1, chunk_ms, rng) for _ in starts]
-    plain = [frame_completions(plain_ends, d, p) for p, d in zip(starts, delays, strict=True)]
-    if align == "off":
-        return plain
-    # The server is warm: its grid has ticks at WARM_ORIGIN + n * 80 ms. Each session's phase
-    # comes from its first chunk's arrival. Short chunks: the server pads after that chunk
-    # (at a chunk boundary); whole 80 ms chunks with the hint: the client sends its second
-    # chunk early, so its first frame is served unaligned. Either way once, so that its frames
-    # complete a margin before the ticks.
-    margin = min(40.0, max(3.0, jitter.lateness_p99(rng) + 2.0))
-    out = []
-    for p, d, t in zip(starts, delays, plain, strict=True):
-        if not t or not alignable(chunk_ms, align):
-            out.append(t)
-            continue
-        frame0 = p + d[0] + TICK_MS  # when its first frame would complete, as predicted
-        phase = (frame0 - WARM_ORIGIN * 1000) % TICK_MS  # ms after a tick its frames complete
-        pad = (phase + margin) % TICK_MS
-        client = chunk_ms == TICK_MS
-        at = TICK_MS if client else chunk_ms
-        if not client:
-            pad = math.ceil(pad / chunk_ms - 1e-9) * chunk_ms % TICK_MS  # at a chunk boundary
-        ends = chunk_ends(chunk_ms, seconds, pad, at, client)
-        out.append(frame_completions(ends, d, p, pad, at))
-    return out
+    chunks = int(seconds * 1000 // chunk_ms)
+    delays = [jitter.delays(chunks, chunk_ms, rng) for _ in starts]
+    return [
+        session_trace(chunk_ms, p, d, align, max_pad_samples) for p, d in zip(starts, delays, strict=True)
+    ]
 
 
 # -- the scheduler ---------------------------------------------------------------------------------
@@ -211,8 +198,12 @@ class Result:
     steps: int = 0
     frames: int = 0
     catchups: int = 0
+    drained: int = 0
     waits: list[float] = attrs.field(factory=list)
     latencies: list[float] = attrs.field(factory=list)
+    pad_ms: list[float] = attrs.field(factory=list)  # per session: total pad inserted
+    margin_ms: list[float] = attrs.field(factory=list)  # per session: margin at the end
+    realigned: int = 0  # alignments after the first (drift, margin, clear)
 
     @property
     def steps_per_tick(self) -> float:
@@ -221,20 +212,37 @@ class Result:
     def p99_latency_ms(self) -> float:
         return percentile(self.latencies, 99) * 1000 if self.latencies else math.inf
 
+    def wait_mean_ms(self) -> float:
+        return 1000 * sum(self.waits) / len(self.waits) if self.waits else math.nan
 
-def simulate(policy: Policy, traces: list[list[float]], cost: Callable[[], float]) -> Result:
-    arrivals = sorted((c, i) for i, frames in enumerate(traces) for c in frames)
+
+def simulate(
+    policy: Policy, traces: list[Trace], cost: Callable[[], float], drainable: bool = True
+) -> Result:
+    """The scheduler actor over ``traces``; ``drainable``: sessions accept the policy's drains
+    (alignment not "off"), dropping their oldest queued frame (synthetic frames have no
+    energy to choose by)."""
+    arrivals = sorted((c, i) for i, tr in enumerate(traces) for c in tr.completions)
     queues: list[deque[float]] = [deque() for _ in traces]
     recent: deque[float] = deque(maxlen=RECENT_STEPS)
     state = PolicyState(origin=WARM_ORIGIN)
     out = Result(sessions=len(traces))
-    slots = [SlotView(i, active=True) for i in range(len(traces))]  # rebuilt when a queue changes
+    for tr in traces:
+        out.pad_ms.append(tr.pad_samples / SAMPLES_PER_MS)
+        out.margin_ms.append(tr.margin_ms)
+        out.realigned += max(0, len(tr.decisions) - 1)
+
+    def slot(i: int) -> SlotView:
+        q = queues[i]
+        return SlotView(i, active=True, frames=(q[0], q[1]) if len(q) > 1 else tuple(q))
+
+    slots = [slot(i) for i in range(len(traces))]  # rebuilt when a queue changes
     t, a = 0.0, 0
     while a < len(arrivals) or any(queues):
         while a < len(arrivals) and arrivals[a][0] <= t + 1e-9:
             c, i = arrivals[a]
             queues[i].append(c)
-            slots[i] = SlotView(i, active=True, frames=tuple(queues[i]))
+            slots[i] = slot(i)
             a += 1
         view = SchedulerView(tuple(slots), tuple(recent), state)
         decision = policy.decide(t, view)
@@ -242,10 +250,15 @@ def simulate(policy: Policy, traces: list[list[float]], cost: Callable[[], float
             duration = cost()
             for i in decision.slots:
                 c = queues[i].popleft()
-                slots[i] = SlotView(i, active=True, frames=tuple(queues[i]))
+                slots[i] = slot(i)
                 out.waits.append(t - c)
                 out.latencies.append(t + duration - c)
             state = policy.after_step(state, view, decision, t)
+            if drainable:
+                for i in state.drain:
+                    queues[i].popleft()
+                    slots[i] = slot(i)
+                    out.drained += 1
             out.steps += 1
             out.frames += len(decision.slots)
             out.catchups += decision.kind == "catchup"
@@ -273,9 +286,12 @@ DEFAULT_SCENARIOS = (
     Scenario(80, "spread", "loopback", "off"),  # bench/serving.py's default phases
     Scenario(80, "random", "loopback", "off"),  # a stock client that does not opt in
     Scenario(80, "random", "loopback", "client"),  # the alignment hint
+    Scenario(20, "random", "loopback", "off"),  # short chunks, not aligned
     Scenario(20, "random", "loopback", "server"),  # short chunks, padded by the server
-    Scenario(100, "random", "loopback", "off"),  # chunks that do not divide the tick
-    Scenario(80, "random", "wan", "client"),  # jitter and late bursts
+    Scenario(100, "random", "loopback", "server"),  # chunks that do not divide the tick: unaligned
+    Scenario(80, "random", "lan", "client"),  # a little jitter
+    Scenario(80, "random", "wan", "client"),  # jitter and late bursts: margin, drains
+    Scenario(20, "random", "wan", "server"),
 )
 
 
@@ -288,8 +304,11 @@ def run_one(name: str, sc: Scenario, n: int, args: argparse.Namespace, a_ms: flo
         # Lognormal noise with mean 1: the engine's p90/median on the box is 1.05-1.4.
         return mean * math.exp(rng.gauss(-sigma * sigma / 2, sigma)) if sigma else mean
 
-    traces = traces_for(n, sc.chunk_ms, sc.phases, JITTER[sc.jitter], sc.align, args.seconds, args.seed)
-    return simulate(make_policy(name), traces, cost)
+    max_pad = round(getattr(args, "max_align_pad_ms", 1000.0) * SAMPLES_PER_MS)
+    traces = traces_for(
+        n, sc.chunk_ms, sc.phases, JITTER[sc.jitter], sc.align, args.seconds, args.seed, max_pad
+    )
+    return simulate(make_policy(name), traces, cost, drainable=sc.align != "off")
 
 
 def holds(r: Result, budget_ms: float) -> bool:
@@ -344,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-sigma", type=float, default=0.12, help="lognormal step-cost noise")
     parser.add_argument("--budget-ms", type=float, default=TICK_MS, help="p99 frame latency bound")
     parser.add_argument("--max-n", type=int, default=48)
+    parser.add_argument("--max-align-pad-ms", type=float, default=1000.0, help="total pad per session")
     parser.add_argument(
         "--at-n", default="", help="also report these N, e.g. 4,8 (to compare with served runs)"
     )
@@ -376,24 +396,29 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.seconds:g} s per session, seed {args.seed}, latency budget p99 <= {args.budget_ms:g} ms; "
         f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}"
     )
-    header = "| policy | capacity N | steps/tick | wait mean ms | wait p99 ms | latency p99 ms | catch-ups |"
-    at_header = "".join(f" steps/tick @{n} | wait mean @{n} |" for n in at_n)
+    header = (
+        "| policy | capacity N | steps/tick | wait mean ms | wait p99 ms | latency p99 ms | catch-ups "
+        "| drained | pad ms/session | margin ms mean (max) | re-aligned |"
+    )
+    at_header = "".join(f" steps/tick @{n} | wait mean @{n} | drained @{n} |" for n in at_n)
     for sc in scenarios:
         print(f"\n{sc.label()}\n")
         print(header + at_header)
-        print("|---|" + "---:|" * (6 + 2 * len(at_n)))
+        print("|---|" + "---:|" * (10 + 3 * len(at_n)))
         for name in names:
             n, r = capacity(name, sc, args, args.cost_a, args.cost_b)
             if r is None:
-                row = f"| {name} | 0 | | | | | |"
+                row = f"| {name} | 0 |" + " |" * 9
             else:
                 row = (
-                    f"| {name} | {n} | {r.steps_per_tick:.2f} | {1000 * sum(r.waits) / len(r.waits):.1f} | "
-                    f"{1000 * percentile(r.waits, 99):.1f} | {r.p99_latency_ms():.1f} | {r.catchups} |"
+                    f"| {name} | {n} | {r.steps_per_tick:.2f} | {r.wait_mean_ms():.1f} | "
+                    f"{1000 * percentile(r.waits, 99):.1f} | {r.p99_latency_ms():.1f} | {r.catchups} | "
+                    f"{r.drained} | {sum(r.pad_ms) / n:.1f} | "
+                    f"{sum(r.margin_ms) / n:.1f} ({max(r.margin_ms):.1f}) | {r.realigned} |"
                 )
             for k in at_n:
                 rk = run_one(name, sc, k, args, args.cost_a, args.cost_b)
-                row += f" {rk.steps_per_tick:.2f} | {1000 * sum(rk.waits) / len(rk.waits):.1f} |"
+                row += f" {rk.steps_per_tick:.2f} | {rk.wait_mean_ms():.1f} | {rk.drained} |"
             print(row)
     print(f"\n({time.perf_counter() - started:.1f} s)")
     return 0

@@ -20,11 +20,15 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   ``max_catchups_per_s`` per slot in any second. Falling further behind never earns one: a
   client sending faster than real time is served one frame per tick. A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
-  ``after_step``): it is ``drain_min_backlog`` to ``drain_max_backlog`` frames behind (a jitter
-  backlog, not an upload), has been the same depth for ``drain_window_ticks`` ticks without
-  growing (the lag of its stepped frames grew by at most ``drain_growth_ms`` between the two
-  halves of that window: a client even a few per cent faster than real time grows more), and
-  no catch-up is available to it (its budget is spent, or two steps do not fit in a tick); at
+  ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
+  drain among them) it was ``drain_min_behind`` to ``drain_max_behind`` frames behind (by its
+  stepped frames that came on time, the largest lags; by default 1-5, a backlog of 2-6 frames at the tick: a jitter
+  backlog, not an upload) without falling further behind
+  (the lag of its stepped frames grew by at most ``drain_growth_ms`` between the two halves of
+  the window: a client even a few per cent faster than real time grows more), a frame is
+  queued behind the one stepped, and
+  no catch-up is coming (it is owed none, its budget is spent, or two steps do not fit in a
+  tick); at
   most ``max_drains_per_s`` per slot in any second. The shell asks the slot's occupant which
   queued frame to drop (``Occupant.drain_nowait``) and removes it.
 
@@ -90,8 +94,8 @@ class SlotState:
     # wants the same tick.
     seen: bool = False
     # How late (seconds after its frame completed) the slot's stepped frame was at each of its
-    # last regular ticks at the current depth (at most drain_window_ticks), and when the
-    # slot's recent drains were decided.
+    # last regular ticks (at most drain_window_ticks) since it last missed a tick, had a
+    # catch-up or a drain, and when the slot's recent drains were decided.
     lags: tuple[float, ...] = ()
     drains: tuple[float, ...] = ()
 
@@ -244,8 +248,9 @@ class GridPolicy:
     max_debt: int = 3
     first_tick_lead_ms: float = 10.0
     drain_window_ticks: int = 8
-    drain_min_backlog: int = 2
-    drain_max_backlog: int = 6
+    # Frames behind (queued at the tick besides the one stepped): 1-5 is a backlog of 2-6.
+    drain_min_behind: int = 1
+    drain_max_behind: int = 5
     drain_growth_ms: float = 5.0
     max_drains_per_s: int = 2
     name: str = "grid"
@@ -306,20 +311,23 @@ class GridPolicy:
         return sorted(recent)[-self.max_catchups_per_s] + 1.0
 
     def _catchup_available(self, st: SlotState, view: SchedulerView, now: float) -> bool:
-        """Could a catch-up still serve this slot: budget left, and a tick step plus a
-        catch-up step (p90 each) fit in one tick?"""
+        """Will a catch-up serve this slot: it is owed one, has budget left, and a tick step
+        plus a catch-up step (p90 each) fit in one tick?"""
         estimate = self._estimate(view)
         fits = estimate is not None and 2 * estimate + self.guard_ms / 1000 <= self.tick
-        return fits and self._budget_free_at(st, now) <= now
+        return st.debt > 0 and fits and self._budget_free_at(st, now) <= now
 
-    def _owes_drain(self, st: SlotState, view: SchedulerView, behind: int, now: float) -> bool:
+    def _owes_drain(self, st: SlotState, view: SchedulerView, now: float) -> bool:
         lags = st.lags
         if len(lags) < self.drain_window_ticks:
             return False
-        if not self.drain_min_backlog <= behind <= self.drain_max_backlog:
+        # A frame late by jitter waited less (a smaller lag): the largest lags are the frames
+        # that came on time, so the depth and its trend are taken from them.
+        depth = math.floor(max(lags) / self.tick + EPS)
+        if not self.drain_min_behind <= depth <= self.drain_max_behind:
             return False
         half = len(lags) // 2
-        if min(lags[half:]) - min(lags[:half]) > self.drain_growth_ms / 1000:
+        if max(lags[half:]) - max(lags[:half]) > self.drain_growth_ms / 1000:
             return False  # falling further behind: a client ahead of real time
         if sum(1 for t in st.drains if t > now - 1.0) >= self.max_drains_per_s:
             return False
@@ -378,7 +386,7 @@ class GridPolicy:
                 st = slots[i]
                 recent = (*(t for t in st.catchups if t > started - 1.0), started)
                 slots[i] = attrs.evolve(
-                    st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True, seen=True
+                    st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True, seen=True, lags=()
                 )
             return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1, drain=())
         assert step.tick_at is not None
@@ -411,8 +419,7 @@ class GridPolicy:
                     debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
-                lag = tick_at - s.frames[0]
-                lags = (*st.lags, lag) if behind and behind == st.backlog else (lag,)
+                lags = (*st.lags, tick_at - s.frames[0])
                 st = attrs.evolve(
                     st,
                     streak=st.streak + 1,
@@ -423,7 +430,9 @@ class GridPolicy:
                     seen=True,
                     lags=lags[-self.drain_window_ticks :],
                 )
-                if self._owes_drain(st, view, behind, started):
+                # A drain needs a frame to drop: one queued behind this one, complete by now.
+                queued = len(s.frames) > 1 and s.frames[1] <= tick_at + EPS
+                if queued and self._owes_drain(st, view, started):
                     drain.append(s.index)
                     recent = (*(t for t in st.drains if t > started - 1.0), started)
                     st = attrs.evolve(st, lags=(), drains=recent)

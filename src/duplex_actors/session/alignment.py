@@ -8,11 +8,13 @@ that they complete ``margin`` before a tick.
 
 How it measures: a client sending in real time has, for every append, an *offset*
 ``arrival - (client samples so far) / 24 kHz`` that is its start time plus the network delay;
-pads do not change it (they are not client samples). Over the first ``measure_frames``
-frame-completing appends (a frame completes at the append where ``tail + chunk >= 1920``) the
-smallest offset is the session's base; an append's *lateness* is its offset minus the base.
-The jitter-free completion time of the last measured frame (its arrival minus its lateness) is
-the *anchor*: frames complete at ``anchor + k * 80 ms - (pads since)``.
+pads do not change it (they are not client samples). Over its first ``measure_appends`` appends
+(by default the first alone, so that the pad goes in before the session's first frame
+completes) the smallest offset is the session's base; an append's *lateness* is its offset
+minus the base. The *anchor* is the jitter-free completion time of the session's next frame
+(base + the client position of the append that completes it / 24 kHz): frames complete at
+``anchor + k * 80 ms - (pads since)``. A first measurement taken through jitter is corrected
+by the rechecks (it shows as drift).
 
 What it decides (``before_append``):
 - chunks of 240, 480 or 960 samples (10, 20, 40 ms) in mode "server" or "client": a
@@ -25,17 +27,21 @@ What it decides (``before_append``):
 - anything else (other or irregular chunk sizes, 80 ms chunks in mode "server", mode "off", no
   grid yet): None, the session is served unaligned.
 
-Every ``recheck_s`` (at a frame-completing append, with at least ``MIN_WINDOW`` frames seen since
-the last check) the aligner looks at the lateness of the frames since the last check: their
-minimum is how far the session's phase moved (the base and the anchor move with it; more than
-the margin is *drift*). The margin becomes the p95 of the lateness relative to that minimum
-+ 2 ms, clamped to ``[margin_min_ms, margin_max_ms]``; lateness above ``margin_max_ms`` is
-a stall no margin covers (the scheduler's catch-up and drain handle it) and is left out of the
-percentile. It re-aligns (reason "drift" or "margin") when frames would complete later than the
-margin allows, or more than one pad granule plus ``realign_gain_ms`` earlier than needed (moving
-them later costs a pad of nearly 80 ms, so small gains are not worth the pad budget).
-``cleared()`` measures afresh and re-aligns with reason "clear"; the first alignment has reason
-"start". Pads are bounded: once a pad would take the session's total past
+The first recheck comes ``first_recheck_s`` after the measurement (the first margin is a guess
+from one append), later ones every ``recheck_s``, each once at least ``MIN_WINDOW`` frames have
+completed since the last. It looks at the lateness of those frames: their minimum is how far
+the session's phase moved (the base and the anchor move with it; more than the margin is
+*drift*). The margin becomes the ``lateness_percentile`` (default p99: a frame that misses its
+tick costs a catch-up step or 80 ms, so misses should stay under 1 %) of the lateness relative to
+that minimum + 2 ms, clamped to ``[margin_min_ms, margin_max_ms]``; lateness above
+``margin_max_ms`` is a stall no margin covers (the scheduler's catch-up and drain handle it) and
+is left out of the percentile, with the frames that arrived with it (``STALL_JOIN_S``). It re-aligns (reason "drift" or "margin") when frames would
+complete later than the margin allows, or more than one pad granule plus ``realign_gain_ms``
+earlier than needed (moving them later costs a pad of nearly 80 ms and one extra frame, which
+needs a catch-up or leaves the session a frame behind, so small gains are not worth it). Every decision is taken at the first append of a frame (the core's tail
+before it shorter than a chunk): a pad there moves that frame's own completion, so a pad never
+makes two frames complete for one tick. ``cleared()`` measures afresh and re-aligns with reason
+"clear"; the first alignment has reason "start". Pads are bounded: once a pad would take the session's total past
 ``max_total_pad_samples``, the aligner returns None from then on.
 
 The actor's calls, per append it is about to log: first ``client_padded(samples)`` if the append
@@ -61,6 +67,9 @@ MODES: Final = ("server", "client", "off")
 REASONS: Final = ("start", "clear", "drift", "margin")
 # Frames since the last check a recheck needs (a 4 s recheck sees ~50).
 MIN_WINDOW: Final = 8
+# Frames arriving this close after one later than margin_max_ms were held with it (a stall
+# released at once over an in-order stream): their lateness says nothing about the jitter.
+STALL_JOIN_S: Final = 0.002
 _EPS: Final = 1e-6
 
 
@@ -91,10 +100,10 @@ class ClientHint:
 Decision = ServerPad | ClientHint | None
 
 
-def p95(values: Sequence[float]) -> float:
-    """Nearest-rank 95th percentile of a non-empty sequence."""
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in (0, 100]) of a non-empty sequence."""
     ordered = sorted(values)
-    return ordered[max(1, math.ceil(0.95 * len(ordered))) - 1]
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 class Aligner:
@@ -108,13 +117,16 @@ class Aligner:
         margin_min_ms: float = 3.0,
         margin_max_ms: float = 40.0,
         recheck_s: float = 4.0,
-        measure_frames: int = 3,
-        realign_gain_ms: float = 10.0,
+        initial_margin_ms: float = 6.0,
+        measure_appends: int = 1,
+        first_recheck_s: float = 1.0,
+        lateness_percentile: float = 99.0,
+        realign_gain_ms: float = 20.0,
     ) -> None:
         if margin_min_ms > margin_max_ms or margin_min_ms < 0:
             raise ValueError("need 0 <= margin_min_ms <= margin_max_ms")
-        if measure_frames < 1 or recheck_s <= 0:
-            raise ValueError("need measure_frames >= 1 and recheck_s > 0")
+        if measure_appends < 1 or recheck_s <= 0 or not 0 < lateness_percentile <= 100:
+            raise ValueError("need measure_appends >= 1, recheck_s > 0, 0 < lateness_percentile <= 100")
         if mode not in MODES:
             raise ValueError(f"alignment must be one of {', '.join(MODES)}, not {mode!r}")
         self.mode = mode
@@ -122,7 +134,10 @@ class Aligner:
         self.margin_min_ms = margin_min_ms
         self.margin_max_ms = margin_max_ms
         self.recheck_s = recheck_s
-        self.measure_frames = measure_frames
+        self.initial_margin_ms = min(margin_max_ms, max(margin_min_ms, initial_margin_ms))
+        self.measure_appends = measure_appends
+        self.first_recheck_s = first_recheck_s
+        self.lateness_percentile = lateness_percentile
         self.realign_gain_ms = realign_gain_ms
         self._total = 0
         self._exhausted = False
@@ -135,12 +150,14 @@ class Aligner:
         self._reason = reason  # of the alignment owed or last made
         self._chunk: int | None = None  # the session's chunk size, once seen
         self._irregular = False
-        self._measured: list[float] = []  # offsets of the frame-completing appends measured
+        self._measured: list[float] = []  # offsets of the appends measured
         self._base: float | None = None  # the smallest offset: start time + base delay
         self._anchor: float | None = None  # a jitter-free frame completion time (mod period)
         self._due = False  # an alignment is owed at the next frame-completing append
         self._window: list[float] = []  # lateness (s) of frames since the last check
-        self._last_check = 0.0
+        self._coverable: list[float] = []  # of those, the ones not part of a stall
+        self._stall_at = -math.inf  # when the last frame later than margin_max_ms arrived
+        self._next_check = math.inf
         self._hint_at: float | None = None  # a hint the client has not answered yet
 
     # -- the API the session actor uses -----------------------------------------------------------
@@ -181,29 +198,40 @@ class Aligner:
 
     def before_append(self, now: float, grid: Grid | None, chunk_samples: int, tail_samples: int) -> Decision:
         pad_in, self._pending_pad = self._pending_pad, 0
+        if chunk_samples <= 0:
+            return None
         completes = tail_samples + pad_in + chunk_samples >= FRAME
         self._client_pos += chunk_samples
         offset = now - self._client_pos / RATE
         self._see_chunk(chunk_samples + pad_in)
-        if not completes:
-            return None
         if self._base is None:
             self._measured.append(offset)
-            if len(self._measured) < self.measure_frames:
+            if len(self._measured) < self.measure_appends:
                 return None
-            base = min(self._measured)
-            self._base = base
-            self._anchor = now - (offset - base)
-            self._margin_ms = self._margin_from([o - base for o in self._measured])
-            self._last_check = now
+            base = self._base = min(self._measured)
+            # When the next frame completes, jitter-free: now (less this append's lateness) if
+            # this append completes it, else at the end of the append that will.
+            filled = tail_samples + pad_in + chunk_samples
+            to_go = 0 if filled >= FRAME else math.ceil((FRAME - filled) / chunk_samples) * chunk_samples
+            self._anchor = base + (self._client_pos + to_go) / RATE
+            self._margin_ms = max(self.initial_margin_ms, self._margin_from([o - base for o in self._measured]))
+            self._next_check = now + self.first_recheck_s
             self._due = True
-        else:
-            self._window.append(offset - self._base)
-        if grid is None:
+        elif completes:
+            late = offset - self._base
+            self._window.append(late)
+            if late * 1000 > self.margin_max_ms:
+                self._stall_at = now
+            elif now - self._stall_at > STALL_JOIN_S:
+                self._coverable.append(late)
+        # Decide only at the first append of a frame (the previous frame completed before it):
+        # a pad there moves this frame's own completion, so no frame completes at the old
+        # phase after another completed at the new one (two frames for one tick).
+        if grid is None or tail_samples + pad_in >= chunk_samples:
             return None
         if self._due:
             return self._align(now, grid, self._reason)
-        if now - self._last_check >= self.recheck_s - _EPS and len(self._window) >= MIN_WINDOW:
+        if now >= self._next_check - _EPS and len(self._window) >= MIN_WINDOW:
             return self._recheck(now, grid)
         return None
 
@@ -215,8 +243,7 @@ class Aligner:
             self._irregular = True
 
     def _margin_from(self, lateness: Sequence[float]) -> float:
-        coverable = [x for x in lateness if x * 1000 <= self.margin_max_ms]
-        late_ms = p95(coverable) * 1000 if coverable else 0.0
+        late_ms = percentile(lateness, self.lateness_percentile) * 1000 if lateness else 0.0
         return min(self.margin_max_ms, max(self.margin_min_ms, late_ms + 2.0))
 
     def _granule_samples(self) -> int | None:
@@ -237,7 +264,8 @@ class Aligner:
     def _recheck(self, now: float, grid: Grid) -> Decision:
         assert self._base is not None and self._anchor is not None
         window, self._window = self._window, []
-        self._last_check = now
+        coverable, self._coverable = self._coverable, []
+        self._next_check = now + self.recheck_s
         ignored = self._hint_at is not None and now - self._hint_at >= self.recheck_s - _EPS
         if ignored:
             self._hint_at = None  # one more hint may go out, with the same reason
@@ -247,7 +275,7 @@ class Aligner:
         self._base += shift
         self._anchor += shift
         old = self._margin_ms
-        self._margin_ms = self._margin_from([x - shift for x in window])
+        self._margin_ms = self._margin_from([x - shift for x in coverable])
         granule = self._granule_samples()
         if granule is None:
             return None
@@ -271,12 +299,12 @@ class Aligner:
         granule = self._granule_samples()
         if granule is None or self._exhausted:
             return None
-        self._reason = reason
         period_ms = grid.period * 1000
         # How far to move completions earlier so that they land margin before the tick.
         want_ms = (self._phase_ms(grid) + self._margin_ms) % period_ms
         pad = math.ceil(want_ms * SAMPLES_PER_MS / granule - _EPS) * granule % FRAME
         if pad == 0:
+            self._reason = reason
             return None
         if self._total + pad > self.max_total_pad_samples:
             self._exhausted = True
@@ -284,9 +312,10 @@ class Aligner:
         if granule == SAMPLES_PER_MS:  # a hint: the client pads (client_padded counts it)
             if self._hint_at is not None:
                 return None
-            self._hint_at = now
+            self._hint_at, self._reason = now, reason
             return ClientHint(pad // SAMPLES_PER_MS, reason)
         assert self._anchor is not None
         self._total += pad
         self._anchor -= pad / RATE
+        self._reason = reason
         return ServerPad(pad, reason)
