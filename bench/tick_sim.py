@@ -8,22 +8,24 @@ bursts, a stall after which the held chunks arrive together). A chunk completes 
 frames it finishes; the engine steps its whole fixed batch of N slots at a cost
 C(N) = a + b*N ms (times a lognormal noise), whatever the number of frames in the step.
 
-The simulated server is warm: its grid's ticks are at 10 ms + n * 80 ms. ``--align`` models
-the alignment of spec section 7 in its simplest form, once per session, from its first
-chunk's arrival: ``server`` pads sessions whose chunks are shorter than 80 ms and divide it
-(at the chunk boundary after the first chunk); ``client`` does that too and, for whole 80 ms
-chunks, has the client send its second chunk early (the opt-in hint), so its first frame is
-served unaligned and its second wants the same tick (a catch-up, when one fits). Frames then
-complete a margin before the ticks: the profile's p99 lateness + 2 ms, clamped to 3-40 ms
-(not adapted over time). Other chunk sizes stay unaligned. No drain (dropping a frame of a
-session that stays behind) is modelled.
+The simulated server is warm: its grid's ticks are at 10 ms + n * 80 ms. ``--align`` runs the
+server's own ``Aligner`` (session/alignment.py) in that mode on each session's appends, as the
+session actor does: ``server`` pads sessions whose chunks are shorter than 80 ms and divide it
+(10, 20, 40 ms), before their first frame completes and again on drift or a margin change;
+``client`` does that too and, for whole 80 ms chunks, hints, and the simulated client applies
+the hint to its next chunk (sent ``pad_ms`` early, ``80 - pad_ms`` ms of audio); 30 ms, 100 ms
+and 80 ms chunks without the hint stay unaligned, waiting U[0, 80) ms for the tick. The margin
+adapts to each session's lateness (p99 + 2 ms, clamped 3-40 ms, re-checked after 1 s and then
+every 4 s). Sessions whose alignment is not ``off`` accept the grid policy's drains (a jitter
+backlog of 2-6 frames no catch-up clears loses a queued frame), counted per scenario.
 
 Per scenario and policy it prints the capacity (the largest N, found by a ramp and bisection
 as bench/serving.py does, at which the p99 of frame latency, completion to the end of its
 step, is within the tick budget), and at that N: steps per tick (steps / (frames stepped /
 sessions), the definition /metrics and duplex-load use), the mean and p99 added wait
-(completion to the start of its step), and catch-up steps. The defaults for a and b are a
-least-squares fit of the tiny model's median step times on the 2-core CPU box (BENCHMARKS.md,
+(completion to the start of its step), catch-up steps, drained frames, the mean pad per session,
+the mean (max) margin the sessions ended with, and the re-alignments after the first. The
+defaults for a and b are a least-squares fit of the tiny model's median step times on the 2-core CPU box (BENCHMARKS.md,
 "Engine on CPU", bench/engine.py, 2026-11-30). The model leaves out the event loop's own work
 (the GIL it shares with the engine thread), the client and the network, so served capacity is
 lower than simulated; steps per tick and waits are what it is for.
@@ -33,7 +35,7 @@ every combination (defaults 80 ms, random, loopback, off).
 
     .venv/bin/python bench/tick_sim.py [--policies grid,deadline,window] [--chunk-ms 80,20]
         [--phases sync,spread,random] [--jitter loopback,lan,wan] [--align off,server,client] [--seconds 8]
-        [--cost-a MS] [--cost-b MS] [--cost-sigma 0.12] [--max-n 48] [--at-n 4,8]
+        [--cost-a MS] [--cost-b MS] [--cost-sigma 0.12] [--max-n 48] [--at-n 4,8] [--max-align-pad-ms 1000]
 """
 
 from __future__ import annotations
@@ -400,11 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         "| policy | capacity N | steps/tick | wait mean ms | wait p99 ms | latency p99 ms | catch-ups "
         "| drained | pad ms/session | margin ms mean (max) | re-aligned |"
     )
-    at_header = "".join(f" steps/tick @{n} | wait mean @{n} | drained @{n} |" for n in at_n)
+    at_header = "".join(f" steps/tick @{n} | wait mean @{n} | drained @{n} | margin @{n} |" for n in at_n)
     for sc in scenarios:
         print(f"\n{sc.label()}\n")
         print(header + at_header)
-        print("|---|" + "---:|" * (10 + 3 * len(at_n)))
+        print("|---|" + "---:|" * (10 + 4 * len(at_n)))
         for name in names:
             n, r = capacity(name, sc, args, args.cost_a, args.cost_b)
             if r is None:
@@ -418,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             for k in at_n:
                 rk = run_one(name, sc, k, args, args.cost_a, args.cost_b)
-                row += f" {rk.steps_per_tick:.2f} | {rk.wait_mean_ms():.1f} | {rk.drained} |"
+                margin = sum(rk.margin_ms) / len(rk.margin_ms)
+                row += f" {rk.steps_per_tick:.2f} | {rk.wait_mean_ms():.1f} | {rk.drained} | {margin:.1f} |"
             print(row)
     print(f"\n({time.perf_counter() - started:.1f} s)")
     return 0

@@ -80,6 +80,7 @@ def drained_at(states: list[PolicyState]) -> list[int]:
         ("1 behind (a backlog of 2 frames) is enough", [85.0] * 8, SLOW, [7]),
         ("current is never drained", [5.0] * 20, SLOW, []),
         ("current with jitter is never drained", [5, 70, 30, 79, 2, 55, 41, 66] * 3, SLOW, []),
+        ("100 ms chunks: frames complete in pairs, never drained", [20, 40, 60, 80, 100] * 4, SLOW, []),
         ("5 behind is drained", [405.0] * 8, SLOW, [7]),
         ("6 behind (7 queued) is an upload, never drained", [485.0] * 20, SLOW, []),
         ("catch-ups fit but none is owed: drained", [245.0] * 12, FAST, [7]),
@@ -92,10 +93,10 @@ def drained_at(states: list[PolicyState]) -> list[int]:
         ("a lag growing 4 ms a tick (5 % fast) is not drained", [245 + 4 * k for k in range(16)], SLOW, []),
         ("a backlog shrinking by itself is drained at its depth", [245.0] * 5 + [165.0] * 8, SLOW, [7]),
         (
-            "frames on time decide the depth, not the ones late by jitter",
-            [85, 78, 90, 79, 86, 81, 88, 80],
+            "a fresh frame in the window: no standing backlog",
+            [85, 78, 90, 79, 86, 81, 88, 80] * 2,
             SLOW,
-            [7],
+            [],
         ),
     ],
 )
@@ -223,17 +224,21 @@ def frames_of(
     seed: int,
     seconds: float,
     stall: tuple[int, float] | None = None,
+    chunk_ms: float = 80.0,
 ) -> list[float]:
-    """Completion times (s) of a client's 80 ms chunks sent at ``speed`` x real time."""
+    """Completion times (s) of the 80 ms frames of a client sending ``chunk_ms`` chunks at
+    ``speed`` x real time over an in-order link (``stall``: chunk j delayed by that many ms)."""
     rng = random.Random(seed)
-    out, last = [], 0.0
-    for j in range(int(seconds * 1000 * speed / 80)):
-        at = phase_ms + (j + 1) * 80 / speed + rng.uniform(0, jitter_ms)
+    arrivals, last = [], 0.0
+    for j in range(int(seconds * 1000 * speed / chunk_ms)):
+        at = phase_ms + (j + 1) * chunk_ms / speed + rng.uniform(0, jitter_ms)
         if stall is not None and j == stall[0]:
             at += stall[1]
         last = max(last, at)
-        out.append(last / 1000)
-    return out
+        arrivals.append(last / 1000)
+    # frame k completes with the chunk holding its last sample
+    frames = int(len(arrivals) * chunk_ms // 80)
+    return [arrivals[math.ceil((k + 1) * 80 / chunk_ms - 1e-9) - 1] for k in range(frames)]
 
 
 @attrs.define
@@ -302,6 +307,24 @@ def test_a_client_faster_than_real_time_is_never_drained(
     traces += [frames_of(1.0, p, 2.0, seed + k, 6.0, (j, d)) for k, (p, j, d) in enumerate(others)]
     sim = simulate(GridPolicy(), traces, cost)
     assert 0 not in sim.drained
+
+
+@PROPERTIES
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([10.0, 20.0, 30.0, 40.0, 80.0, 100.0, 120.0]), st.floats(0, 80)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.sampled_from([0.0, 0.5, 2.0]),
+    st.sampled_from([0.010, 0.030, 0.045, 0.070]),
+    st.integers(0, 2**16),
+)
+def test_a_real_time_client_of_any_chunk_size_is_never_drained(
+    sessions: list[tuple[float, float]], jitter: float, cost: float, seed: int
+) -> None:
+    traces = [frames_of(1.0, p, jitter, seed + i, 6.0, chunk_ms=c) for i, (c, p) in enumerate(sessions)]
+    assert simulate(GridPolicy(), traces, cost).drained == []
 
 
 @PROPERTIES

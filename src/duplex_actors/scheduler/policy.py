@@ -21,16 +21,14 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   client sending faster than real time is served one frame per tick. A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
-  drain among them) it was ``drain_min_behind`` to ``drain_max_behind`` frames behind (by its
-  stepped frames that came on time, the largest lags; by default 1-5, a backlog of 2-6 frames at the tick: a jitter
-  backlog, not an upload) without falling further behind
-  (the lag of its stepped frames grew by at most ``drain_growth_ms`` between the two halves of
-  the window: a client even a few per cent faster than real time grows more), a frame is
-  queued behind the one stepped, and
-  no catch-up is coming (it is owed none, its budget is spent, or two steps do not fit in a
-  tick); at
-  most ``max_drains_per_s`` per slot in any second. The shell asks the slot's occupant which
-  queued frame to drop (``Occupant.drain_nowait``) and removes it.
+  drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
+  frames behind (by the smallest lag; by default 1-5, a backlog of 2-6 frames at the tick: a
+  jitter backlog, not an upload), it did not fall further behind (the lag of its stepped frames
+  grew by at most ``drain_growth_ms`` between the two halves of the window: a client even a
+  few per cent faster than real time grows more), a frame is queued behind the one stepped,
+  and no catch-up is coming (it is owed none, its budget is spent, or two steps do not fit in
+  a tick); at most ``max_drains_per_s`` per slot in any second. The shell asks the slot's
+  occupant which queued frame to drop (``Occupant.drain_nowait``) and removes it.
 
 Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
 pending or that is not active is never stepped and never waited for.
@@ -321,9 +319,11 @@ class GridPolicy:
         lags = st.lags
         if len(lags) < self.drain_window_ticks:
             return False
-        # A frame late by jitter waited less (a smaller lag): the largest lags are the frames
-        # that came on time, so the depth and its trend are taken from them.
-        depth = math.floor(max(lags) / self.tick + EPS)
+        # A standing backlog: every frame of the window waited at least ``depth`` ticks more
+        # than its own. A client whose chunks complete frames in pairs (100 ms chunks) has
+        # fresh frames among them and is never drained. The trend is taken from the largest
+        # lags (the frames that came on time; one late by jitter waited less).
+        depth = math.floor(min(lags) / self.tick + EPS)
         if not self.drain_min_behind <= depth <= self.drain_max_behind:
             return False
         half = len(lags) // 2
