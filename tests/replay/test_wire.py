@@ -88,6 +88,28 @@ def synthetic(sid: str = SID) -> list[ev.SessionEvent]:
     ]
 
 
+def synthetic_aligned(sid: str = SID) -> list[ev.SessionEvent]:
+    """A session that opted in to alignment (log format 4): hints, positions on every frame, and
+    a hint after it turned alignment off (not sent)."""
+    config = {"voice": "NATF2.pt", "duplex": {"alignment": "client"}}
+    return [
+        ev.SessionCreated(sid, config),
+        ev.SessionUpdated(sid, config, "ev_u"),
+        ev.AlignmentHint(37, "start"),
+        ev.ResponseStarted("resp_a", "item_a", 0),
+        ev.AudioFrame("resp_a", "item_a", 0, 0, PCM, "Hé", 1032),
+        ev.AudioFrame("resp_a", "item_a", 0, 1, PCM, "", 2952),
+        ev.AlignmentHint(5, "drift"),
+        ev.AudioFrame("resp_a", "item_a", 0, 2, PCM, "llo", 4752),
+        ev.AudioFrame("resp_a", "item_a", 0, 3, PCM, "", 4752),  # ended inside a pad
+        ev.ResponseEnded("resp_a", "item_a", 0, "client_cancelled", "Héllo", 4, False),
+        ev.AlignmentHint(12, "clear"),
+        ev.SessionUpdated(sid, {**config, "duplex": {"alignment": "off"}}, "ev_off"),
+        ev.AlignmentHint(20, "margin"),
+        ev.SessionClosed(sid, "client_close"),
+    ]
+
+
 def _projection(dialect: str, sid: str, options: dict[str, Any]) -> Any:
     if dialect == "native":
         opts = {"capabilities": CAPS, **options}
@@ -114,7 +136,10 @@ def _digest(parts: Iterator[bytes]) -> str:
 
 def wire_digests() -> dict[str, str]:
     """``"<stream>/<variant>" -> sha256`` of every message the projections send."""
-    streams: dict[str, tuple[str, list[ev.SessionEvent]]] = {"synthetic": (SID, synthetic())}
+    streams: dict[str, tuple[str, list[ev.SessionEvent]]] = {
+        "synthetic": (SID, synthetic()),
+        "synthetic-aligned": (SID, synthetic_aligned()),
+    }
     for path in sorted(CORPUS.glob("*.dlog")):
         report = replay_logic(path)
         assert report.session_id is not None
