@@ -110,15 +110,20 @@ def test_server_pad_for_20_ms_chunks(grid: tuple[ServerProcess, float]) -> None:
     server, t0 = grid
     audio = pcm16(tone_and_noise(2.0, seed=1))
 
-    async def main() -> tuple[Client, list[Any]]:
+    async def main(shift: float) -> tuple[Client, list[Any]]:
         async with connect(f"{server.ws}/v1/realtime") as client:
             await client.wait_for("session.created")
-            await start_at(t0, SHIFT - 0.060)  # frames (every 4th chunk) complete SHIFT after the warm-up's
+            await start_at(t0, shift - 0.060)  # frames (every 4th chunk) complete SHIFT after the warm-up's
             await stream(client, audio, 960)
             await trio.sleep(0.3)
         return client, await read_records(server, client.session_id)
 
-    client, records = trio.run(main)
+    # The server's own start-up session may have booked the grid: no pad is owed when frames
+    # already complete 6-26 ms before a tick, never at both of two phases 40 ms apart.
+    for shift in (SHIFT, SHIFT + 0.040):
+        client, records = trio.run(main, shift)
+        if any(isinstance(rec, r.Pad) for rec in records):
+            break
     pads = [rec for rec in records if isinstance(rec, r.Pad)]
     assert [p.reason for p in pads][:1] == ["start"] and all(p.samples % 480 == 0 for p in pads), marks(
         records
@@ -160,8 +165,9 @@ def test_client_hint_for_an_opted_in_80_ms_client(grid: tuple[ServerProcess, flo
         return client, await read_records(server, client.session_id)
 
     client, records = trio.run(run, True)
-    (hint,) = hints(client)
+    hint, *later = hints(client)  # later: re-alignments as the margin adapts (a loaded box)
     assert 1 <= hint["pad_ms"] < 80 and hint["reason"] == "start"
+    assert all(h["reason"] in ("drift", "margin") for h in later), later
     kinds = marks(records)
     assert kinds[:2] == ["align_hint", "pad"], kinds
     pad = next(rec for rec in records if isinstance(rec, r.Pad))
