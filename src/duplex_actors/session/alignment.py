@@ -27,21 +27,25 @@ What it decides (``before_append``):
 - anything else (other or irregular chunk sizes, 80 ms chunks in mode "server", mode "off", no
   grid yet): None, the session is served unaligned.
 
-The first recheck comes ``first_recheck_s`` after the measurement (the first margin is a guess
-from one append), later ones every ``recheck_s``, each once at least ``MIN_WINDOW`` frames have
-completed since the last. It looks at the lateness of those frames: their minimum is how far
-the session's phase moved (the base and the anchor move with it; more than the margin is
-*drift*). The margin becomes the ``lateness_percentile`` (default p99: a frame that misses its
-tick costs a catch-up step or 80 ms, so misses should stay under 1 %) of the lateness relative to
-that minimum + 2 ms, clamped to ``[margin_min_ms, margin_max_ms]``; lateness above
-``margin_max_ms`` is a stall no margin covers (the scheduler's catch-up and drain handle it) and
-is left out of the percentile, with the frames that arrived with it (``STALL_JOIN_S``). It re-aligns (reason "drift" or "margin") when frames would
-complete later than the margin allows, or more than one pad granule plus ``realign_gain_ms``
-earlier than needed (moving them later costs a pad of nearly 80 ms and one extra frame, which
-needs a catch-up or leaves the session a frame behind, so small gains are not worth it). Every decision is taken at the first append of a frame (the core's tail
-before it shorter than a chunk): a pad there moves that frame's own completion, so a pad never
-makes two frames complete for one tick. ``cleared()`` measures afresh and re-aligns with reason
-"clear"; the first alignment has reason "start". Pads are bounded: once a pad would take the session's total past
+The first margin is a guess (``initial_margin_ms``: one append says nothing about jitter). The
+first recheck comes ``first_recheck_s`` after the measurement, later ones every ``recheck_s``,
+each once at least ``MIN_WINDOW`` frames have completed since the last. It looks at the lateness
+of those frames: their minimum is how far the session's phase moved (the base and the anchor
+move with it; more than the margin is *drift*). The margin becomes the ``lateness_percentile``
+(default p99: a frame that misses its tick costs a catch-up step or 80 ms, so misses should
+stay under 1 %) of the lateness relative to that minimum + 2 ms, clamped to ``[margin_min_ms,
+margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (the scheduler's
+catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
+with it (``STALL_JOIN_S``). It re-aligns (reason "drift" or "margin") when frames would
+complete later than the margin allows (a few ms of pad), or more than one pad granule plus
+``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
+extra frame, which needs a catch-up or leaves the session a frame behind until the drain, so
+small gains are not worth it). Every decision is taken at the first append of a frame (the
+core's tail before it shorter than a chunk), where a pad moves that frame's own completion: a
+server pad at the start, before the first frame, or one that moves frames earlier never makes
+two frames complete for one tick (a hint does once: the chunk sent early lands in the tick of
+the one before it). ``cleared()`` measures afresh and re-aligns with reason "clear"; the first
+alignment has reason "start". Pads are bounded: once a pad would take the session's total past
 ``max_total_pad_samples``, the aligner returns None from then on.
 
 The actor's calls, per append it is about to log: first ``client_padded(samples)`` if the append
@@ -143,7 +147,7 @@ class Aligner:
         self._exhausted = False
         self._client_pos = 0  # client samples appended so far (pads excluded)
         self._pending_pad = 0  # a client pad announced for the next append
-        self._margin_ms = margin_min_ms
+        self._margin_ms = self.initial_margin_ms
         self._restart("start")
 
     def _restart(self, reason: str) -> None:
@@ -153,7 +157,7 @@ class Aligner:
         self._measured: list[float] = []  # offsets of the appends measured
         self._base: float | None = None  # the smallest offset: start time + base delay
         self._anchor: float | None = None  # a jitter-free frame completion time (mod period)
-        self._due = False  # an alignment is owed at the next frame-completing append
+        self._due = False  # an alignment is owed at the next first append of a frame
         self._window: list[float] = []  # lateness (s) of frames since the last check
         self._coverable: list[float] = []  # of those, the ones not part of a stall
         self._stall_at = -math.inf  # when the last frame later than margin_max_ms arrived
@@ -214,7 +218,9 @@ class Aligner:
             filled = tail_samples + pad_in + chunk_samples
             to_go = 0 if filled >= FRAME else math.ceil((FRAME - filled) / chunk_samples) * chunk_samples
             self._anchor = base + (self._client_pos + to_go) / RATE
-            self._margin_ms = max(self.initial_margin_ms, self._margin_from([o - base for o in self._measured]))
+            self._margin_ms = max(
+                self.initial_margin_ms, self._margin_from([o - base for o in self._measured])
+            )
             self._next_check = now + self.first_recheck_s
             self._due = True
         elif completes:
