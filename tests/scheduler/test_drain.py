@@ -77,7 +77,8 @@ def drained_at(states: list[PolicyState]) -> list[int]:
     ("label", "lags_ms", "steps", "want"),
     [
         ("3 behind, stable, no catch-up fits: drained at the 8th tick", [245.0] * 12, SLOW, [7]),
-        ("1 behind (a backlog of 2 frames) is enough", [85.0] * 8, SLOW, [7]),
+        ("2 behind is enough", [165.0] * 8, SLOW, [7]),
+        ("1 behind is left to the catch-ups", [85.0] * 20, SLOW, []),
         ("current is never drained", [5.0] * 20, SLOW, []),
         ("current with jitter is never drained", [5, 70, 30, 79, 2, 55, 41, 66] * 3, SLOW, []),
         ("100 ms chunks: frames complete in pairs, never drained", [20, 40, 60, 80, 100] * 4, SLOW, []),

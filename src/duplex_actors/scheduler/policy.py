@@ -22,7 +22,7 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
   drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
-  frames behind (by the smallest lag; by default 1-5, a backlog of 2-6 frames at the tick: a
+  frames behind (by the smallest lag; by default 2-5, a backlog of 3-6 frames at the tick: a
   jitter backlog, not an upload), it did not fall further behind (the lag of its stepped frames
   grew by at most ``drain_growth_ms`` between the two halves of the window: a client even a
   few per cent faster than real time grows more), a frame is queued behind the one stepped,
@@ -246,8 +246,10 @@ class GridPolicy:
     max_debt: int = 3
     first_tick_lead_ms: float = 10.0
     drain_window_ticks: int = 8
-    # Frames behind (queued at the tick besides the one stepped): 1-5 is a backlog of 2-6.
-    drain_min_behind: int = 1
+    # Frames behind (queued at the tick besides the one stepped): 2-5 is a backlog of 3-6. One
+    # frame behind is left to the catch-ups: a real-time client whose chunks do not divide the
+    # tick (30 ms) can stand a frame behind for a while.
+    drain_min_behind: int = 2
     drain_max_behind: int = 5
     drain_growth_ms: float = 5.0
     max_drains_per_s: int = 2

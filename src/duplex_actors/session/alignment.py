@@ -39,7 +39,7 @@ catch-up and drain handle it) and is left out of the percentile, with the frames
 with it (``STALL_JOIN_S``). It re-aligns (reason "drift" or "margin") when frames would
 complete later than the margin allows (a few ms of pad), or more than one pad granule plus
 ``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
-extra frame, which needs a catch-up or leaves the session a frame behind until the drain, so
+extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
 small gains are not worth it). Every decision is taken at the first append of a frame (the
 core's tail before it shorter than a chunk), where a pad moves that frame's own completion: a
 server pad at the start, before the first frame, or one that moves frames earlier never makes
