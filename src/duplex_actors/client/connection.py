@@ -149,6 +149,20 @@ def _input_format_of(config: Mapping[str, Any]) -> tuple[str, int | None]:
     return canonical_format(str(fmt or "pcm16")), int(rate) if isinstance(rate, int) else None
 
 
+def with_alignment(
+    config: Mapping[str, Any] | None, alignment: str | None
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """``config`` with ``duplex: {"alignment": alignment}`` added (``None``: left as is), and the
+    alignment mode the session will have: a ``duplex`` key already in ``config`` wins."""
+    if alignment is not None and not (config is not None and "duplex" in config):
+        config = {**(config or {}), "duplex": {"alignment": alignment}}
+    if config is not None and "duplex" in config:
+        duplex = config["duplex"]
+        mode = duplex.get("alignment") if isinstance(duplex, Mapping) else None
+        alignment = mode if isinstance(mode, str) else None
+    return config, alignment
+
+
 def _wire(event: ClientEvent) -> str:
     """JSON text of a client event, through the protocol's own encoder (``None`` fields dropped)."""
     obj = {k: v for k, v in encode_client_event(event).items() if v is not None}
@@ -503,6 +517,9 @@ class DuplexClient:
         while pos < enc.total_samples:
             pad_ms: int | None = None
             due = t0 + pos / rate
+            if not can_align and self._pending_pad_ms is not None:
+                self._pending_pad_ms = None  # the server pads chunks of other sizes itself
+                self.hints_ignored += 1
             if paced:
                 while True:
                     arrived = self._hint_arrived
@@ -719,11 +736,7 @@ async def open_duplex_client(
     stock client: the server's default). A ``duplex`` key in ``config`` wins.
     """
     dialect = _dialect_of(url)
-    if alignment is not None and not (config is not None and "duplex" in config):
-        config = {**(config or {}), "duplex": {"alignment": alignment}}
-    if config is not None and isinstance(config.get("duplex"), dict):
-        mode = config["duplex"].get("alignment")
-        alignment = mode if isinstance(mode, str) else None
+    config, alignment = with_alignment(config, alignment)
     first_message = dialect == "realtime" and (config is not None or _autostart_off(url))
     wire_url = _with_query(url, autostart="0") if first_message else url
     headers: list[tuple[bytes, bytes]] = []
