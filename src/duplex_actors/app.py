@@ -159,6 +159,7 @@ class ModelHolder:
                     input_budget_samples=min(
                         max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
                     ),
+                    max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
                 ),
                 outbox_size=cfg.outbox_events,
                 tick_policy=cfg.tick_policy,

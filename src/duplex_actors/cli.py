@@ -90,6 +90,15 @@ def _serve(args: argparse.Namespace) -> int:
             if args.opus_workers is not None
             else _parse(os.environ, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
         ),
+        max_align_pad_ms=next(
+            v
+            for v in (
+                args.max_align_pad_ms,
+                _parse(os.environ, "DUPLEX_MAX_ALIGN_PAD_MS", int, "an integer (milliseconds)"),
+                1000,
+            )
+            if v is not None
+        ),
     )
     hyper = HardenedConfig()
     hyper.bind = [f"{args.host}:{args.port}"]
@@ -273,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         "session has a frame, else 20 ms after the first), 'deadline' (the window stretched to "
         "80 ms minus the p90 step), 'grid' (one step per 80 ms tick on a fixed grid); "
         "env DUPLEX_TICK_POLICY",
+    )
+    serve.add_argument(
+        "--max-align-pad-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="silence the server may insert into one session's input to align it to the tick, "
+        "in total (spec section 7; default 1000; env DUPLEX_MAX_ALIGN_PAD_MS); past it the "
+        "session is served unaligned",
     )
     serve.add_argument(
         "--client-sampling",

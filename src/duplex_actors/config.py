@@ -75,6 +75,8 @@ class ServerConfig:
     s3_endpoint_url: str | None = None
     # /api/chat's Opus codec processes; None: opus.pool.default_opus_workers() (started lazily)
     opus_workers: int | None = None
+    # The total alignment pad of a session (spec section 7); past it the session is unaligned.
+    max_align_pad_ms: int = 1000
 
     def __attrs_post_init__(self) -> None:
         if self.admission_refusal not in ADMISSION_REFUSALS:
@@ -83,6 +85,8 @@ class ServerConfig:
             raise ValueError(f"tick_policy must be one of {TICK_POLICIES}")
         if self.opus_workers is not None and self.opus_workers < 1:
             raise ConfigError(f"opus workers: {self.opus_workers}: expected at least 1")
+        if self.max_align_pad_ms < 0:
+            raise ConfigError(f"max align pad: {self.max_align_pad_ms} ms: expected at least 0")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -158,4 +162,5 @@ class ServerConfig:
             log_upload=env.get("DUPLEX_LOG_UPLOAD") or None,
             s3_endpoint_url=env.get("DUPLEX_S3_ENDPOINT_URL") or None,
             opus_workers=opus_workers,
+            max_align_pad_ms=integer("DUPLEX_MAX_ALIGN_PAD_MS", default.max_align_pad_ms),
         )

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .audio import SAMPLE_RATE
 from .counters import Counters
 
 if TYPE_CHECKING:
@@ -186,6 +187,12 @@ def render(
         "counter",
         "Frames dropped, by reason.",
         [("", {"reason": k}, v) for k, v in sorted(dropped.items())],
+    )
+    out.metric(
+        "duplex_align_pad_seconds_total",
+        "counter",
+        "Silence inserted into sessions' input to align their frames to the tick (server pads and client pad_ms).",
+        [("", {}, counters.align_pad_samples / SAMPLE_RATE)],
     )
     out.metric(
         "duplex_errors_total",

@@ -117,10 +117,16 @@ class SessionHandle:
         *,
         client_event_id: str | None = None,
         sample_rate_hz: int = SAMPLE_RATE,
+        pad_ms: int = 0,
     ) -> None:
         """Audio as received, in any input format and rate of spec §3 (the core resamples).
-        Waits while the session's backlog is over its soft budget (decision 11)."""
-        await self._send_input(r.Append(audio, format, client_event_id, sample_rate_hz))
+        Waits while the session's backlog is over its soft budget (decision 11). ``pad_ms``:
+        silence the client asks for before this audio (spec section 7), logged as a ``pad``
+        record just before the append."""
+        record = r.Append(audio, format, client_event_id, sample_rate_hz)
+        if pad_ms:
+            await self._send(r.Pad(pad_ms * SAMPLE_RATE // 1000, "client"))
+        await self._send_input(record)
 
     async def _send_input(self, record: r.Append) -> None:
         started = trio.current_time()
@@ -383,7 +389,10 @@ class DuplexServer:
             dtype=described.dtype,
             engine={
                 **described.engine,
-                "limits": {"max_buffered_samples": self.limits.max_buffered_samples},
+                "limits": {
+                    "max_buffered_samples": self.limits.max_buffered_samples,
+                    "max_pad_samples": self.limits.max_pad_samples,
+                },
             },
             sampling={
                 k: config[k]

@@ -62,6 +62,9 @@ def every_kind() -> list[r.Record]:
         ),
         r.Rejected(event_type="input_audio_buffer.append", code="invalid_audio", message="odd length"),
         r.End(events_sha256="0" * 64, audio_sha256="f" * 64, events=12, frames_out=17),
+        r.Pad(samples=480, reason="start"),
+        r.AlignHint(pad_ms=20, reason="margin"),
+        r.Drain(frame_index=9),
     ]
 
 

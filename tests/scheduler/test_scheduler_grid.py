@@ -147,3 +147,31 @@ async def test_the_view_holds_the_two_oldest_frames_of_a_backlog(autojump_clock)
         sched.submit_nowait(slot, k, frame(k))
         await trio.sleep(0.01)
     assert sched._view().slots[slot].frames == pytest.approx((t0, t0 + 0.01))
+
+
+@pytest.mark.parametrize("policy", ["window", "deadline"])
+async def test_no_grid_without_the_grid_policy(autojump_clock, policy):
+    _, sched, _, _ = await run_spread(policy, [0.0, 0.013], frames=5)
+    assert sched.statistics().ticks > 0 and sched.grid() is None
+
+
+async def test_grid_is_the_grid_policys_origin_and_period(autojump_clock):
+    engine = SlowEngine(2, 0.004)
+    sched = Scheduler(engine, clock=VIRTUAL_TIME, policy=make_policy("grid"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        slot = sched.admit(Sink())
+        sched.admit(Sink())  # active, silent: no early steps, every regular step at a tick
+        assert sched.grid() is None  # before the first tick
+        t0 = trio.current_time()
+        for k in range(6):
+            await trio.sleep_until(t0 + 0.031 + k * TICK)
+            sched.submit_nowait(slot, k, frame(k))
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    grid = sched.grid()
+    assert grid is not None and grid.period == pytest.approx(TICK)
+    # The first frame booked the grid 10 ms after itself; every later tick step sits on it.
+    assert grid.origin == pytest.approx(t0 + 0.031 + 0.010)
+    on_grid = [c for c in steps(engine) if abs((c[2] - grid.origin) / TICK % 1.0 - 0.5) > 0.5 - 1e-6]
+    assert len(on_grid) == len(steps(engine)) - sched.statistics().catchup_steps >= 5

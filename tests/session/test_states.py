@@ -37,13 +37,16 @@ def sample(kind: str) -> r.Record:
         "step": r.Step(0, 0, True, 5, "hi", (1,) * 8, (2,) * 8, bytes(2 * FRAME_SAMPLES)),
         "close": r.Close("client_close"),
         "end": r.End("0" * 64, "0" * 64, 0, 0),
+        "pad": r.Pad(480, "start"),
+        "align_hint": r.AlignHint(20, "start"),
+        "drain": r.Drain(0),
     }
     return records[kind]
 
 
 KINDS = [
     "header", "open", "update", "append", "clear_input", "clear_output", "cancel",
-    "heartbeat", "playback_ack", "rejected", "step", "close", "end",
+    "heartbeat", "playback_ack", "rejected", "step", "close", "end", "pad", "align_hint", "drain",
 ]  # fmt: skip
 
 
@@ -75,12 +78,14 @@ TABLE: dict[State, dict[str, tuple[State, str | None]]] = {
         "update": (OPEN, None), "append": (OPEN, None), "clear_input": (OPEN, None), "clear_output": (OPEN, None),
         "cancel": (OPEN, "response_cancel_not_active"), "heartbeat": (OPEN, None), "playback_ack": (OPEN, None),
         "rejected": (OPEN, "commit_unsupported"), "step": (RESP, None), "close": (CLOSED, None),
+        "pad": (OPEN, None), "align_hint": (OPEN, None), "drain": (OPEN, None),
     },
     RESP: {
         "header": BUG, "open": BUG, "end": BUG,
         "update": (RESP, None), "append": (RESP, None), "clear_input": (RESP, None), "clear_output": (OPEN, None),
         "cancel": (OPEN, None), "heartbeat": (RESP, None), "playback_ack": (RESP, None),
         "rejected": (RESP, "commit_unsupported"), "step": (RESP, None), "close": (CLOSED, None),
+        "pad": (RESP, None), "align_hint": (RESP, None), "drain": (RESP, None),
     },
     ERR: {"close": (CLOSED, None)},
     CLOSED: {"end": (CLOSED, None)},

@@ -20,7 +20,10 @@ import attrs
 # ``input_backpressure`` is logged as that small record, without its audio (DESIGN decision 11).
 # Older logs hold such refused appends as ``append`` records; the core refuses them again on
 # replay, with the same error, so they replay as they always did.
-FORMAT_VERSION: Final = 3
+# 4: alignment (spec section 7): ``pad``, ``align_hint`` and ``drain`` records; the core fills
+# ``input_samples_end`` on output frames only for logs of this version or later, so the event
+# digests of older logs do not move.
+FORMAT_VERSION: Final = 4
 _JSON_LEN = struct.Struct("<I")
 
 
@@ -146,6 +149,37 @@ class End:
     frames_out: int
 
 
+@attrs.frozen(slots=True)
+class Pad:
+    """``samples`` zeros (24 kHz, the model's domain) inserted into the input at the current
+    position, after any partial tail; written before the append it precedes. ``reason``: start,
+    clear, drift, margin (the server's aligner) or client (the append's ``pad_ms``)."""
+
+    KIND: ClassVar[int] = 14
+    samples: int
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class AlignHint:
+    """The server asks an opted-in client to send its next chunk ``pad_ms`` early
+    (``input_audio_buffer.alignment``); ``reason``: start, clear, drift or margin."""
+
+    KIND: ClassVar[int] = 15
+    pad_ms: int
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class Drain:
+    """Frame ``frame_index`` was taken off the scheduler's queue before being stepped (a jitter
+    backlog): it is done without output."""
+
+    KIND: ClassVar[int] = 16
+    frame_index: int
+    reason: str = "drained"
+
+
 Record = (
     Header
     | Open
@@ -160,6 +194,9 @@ Record = (
     | Step
     | Rejected
     | End
+    | Pad
+    | AlignHint
+    | Drain
 )
 RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Header,
@@ -175,6 +212,9 @@ RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Step,
     Rejected,
     End,
+    Pad,
+    AlignHint,
+    Drain,
 )
 BY_KIND: Final[dict[int, type[Any]]] = {cls.KIND: cls for cls in RECORD_TYPES}
 KIND_NAMES: Final[dict[type[Any], str]] = {
@@ -191,6 +231,9 @@ KIND_NAMES: Final[dict[type[Any], str]] = {
     Step: "step",
     Rejected: "rejected",
     End: "end",
+    Pad: "pad",
+    AlignHint: "align_hint",
+    Drain: "drain",
 }
 
 

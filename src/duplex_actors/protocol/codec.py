@@ -510,6 +510,26 @@ def decode_append(
     return audio, fmt, rate
 
 
+MAX_PAD_MS: Final = 80  # an append's pad_ms is in [0, 80)
+
+
+def append_pad_ms(append: InputAudioBufferAppend) -> int:
+    """The append's ``pad_ms`` (0 when absent); anything but an integer in [0, 80) refuses the
+    whole append with ``invalid_value`` (spec section 7)."""
+    pad = append.pad_ms
+    if pad is None:
+        return 0
+    if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < MAX_PAD_MS:
+        raise ProtocolError(
+            codes.INVALID_VALUE,
+            f"pad_ms must be an integer in [0, {MAX_PAD_MS}), not {clip(repr(pad), 64)}",
+            param="pad_ms",
+            event_type=append.TYPE,
+            client_event_id=append.event_id,
+        )
+    return pad
+
+
 # -- session config ----------------------------------------------------------------------------
 def normalize_session_config(
     session: Any, *, client_event_id: str | None = None, event_type: str | None = "session.update"

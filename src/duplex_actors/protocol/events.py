@@ -41,7 +41,8 @@ class SessionUpdate:
 @attrs.frozen(slots=True)
 class InputAudioBufferAppend:
     """``audio`` is base64; ``format``/``input_audio_format``/``sample_rate_hz`` override the
-    session's input format for this chunk only."""
+    session's input format for this chunk only. ``pad_ms`` (an integer in [0, 80)): milliseconds
+    of silence the server inserts before this chunk's audio (spec section 7)."""
 
     TYPE: ClassVar[str] = "input_audio_buffer.append"
     audio: str
@@ -49,6 +50,9 @@ class InputAudioBufferAppend:
     input_audio_format: str | None = None
     sample_rate_hz: int | None = None
     event_id: str | None = None
+    # Any JSON value is taken here so that a wrong one is refused as invalid_value (the
+    # contract's code), not as a malformed event; ``codec.append_pad_ms`` checks it.
+    pad_ms: Any = attrs.field(default=None, metadata={SCHEMA: int | None})
 
 
 @attrs.frozen(slots=True)
@@ -263,6 +267,9 @@ class AudioMetadata:
     model_speak: Literal[True] | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
     end_of_turn: Literal[False] | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
     vllm_omni: VllmOmniRuntime | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+    # Where the delta's last input frame ended in the client's own stream (samples at the
+    # client's rate, pads excluded); absent in sessions logged before format version 4.
+    input_samples_end: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen(slots=True)
@@ -502,6 +509,19 @@ class RealtimePlaybackAcknowledged:
 
 
 @attrs.frozen(slots=True)
+class RealtimeInputAudioBufferAlignment:
+    """Send the next chunk ``pad_ms`` early, holding only (80 - ``pad_ms``) ms of new audio and
+    ``pad_ms`` on its append (spec section 7). Sent only to sessions whose
+    ``duplex.alignment`` is ``client``; ``reason``: start, clear, drift or margin."""
+
+    TYPE: ClassVar[str] = "input_audio_buffer.alignment"
+    event_id: str
+    pad_ms: int
+    reason: Literal["start", "clear", "drift", "margin"]
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+
+
+@attrs.frozen(slots=True)
 class RealtimeError:
     TYPE: ClassVar[str] = "error"
     event_id: str
@@ -549,6 +569,7 @@ REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
     RealtimeInputAudioBufferCleared,
     RealtimeHeartbeatAck,
     RealtimePlaybackAcknowledged,
+    RealtimeInputAudioBufferAlignment,
     RealtimeError,
     RealtimeSessionClosing,
     RealtimeSessionClosed,
@@ -595,6 +616,8 @@ class NativeOutputAudioDelta:
     frame_index: int
     audio: str
     text: str
+    # As the Realtime delta's ``metadata.input_samples_end``; absent before log format 4.
+    input_samples_end: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen(slots=True)
@@ -655,6 +678,16 @@ class NativePlaybackAcknowledged:
 
 
 @attrs.frozen(slots=True)
+class NativeInputAudioBufferAlignment:
+    """As the Realtime ``input_audio_buffer.alignment`` (sessions with ``duplex.alignment``
+    ``client`` only)."""
+
+    TYPE: ClassVar[str] = "input_audio_buffer.alignment"
+    pad_ms: int
+    reason: Literal["start", "clear", "drift", "margin"]
+
+
+@attrs.frozen(slots=True)
 class NativeError:
     TYPE: ClassVar[str] = "error"
     error: str
@@ -689,6 +722,7 @@ NATIVE_SERVER_EVENTS: tuple[type[Any], ...] = (
     NativeOutputCleared,
     NativeHeartbeatAck,
     NativePlaybackAcknowledged,
+    NativeInputAudioBufferAlignment,
     NativeError,
     NativeSessionClosing,
     NativeSessionClosed,

@@ -33,9 +33,10 @@ from __future__ import annotations
 import base64
 import struct
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal, cast
 
 from ..session import events as ev
+from ..session.core import alignment_mode
 from ..session.events import MAX_TRANSCRIPT_CHARS
 from . import events as wire
 from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, parse_client_binary
@@ -44,18 +45,36 @@ from .errors import ProtocolError, clip
 __all__ = ["NativeProjection", "binary_frame", "parse_client_binary", "refusal_error", "split_binary_frame"]
 
 _FRAME_INDEX: Final = struct.Struct("<I")
+_FRAME_POSITION: Final = struct.Struct("<II")
+_FRAME_BYTES: Final = 3840  # one 80 ms frame of PCM16 at 24 kHz: every binary message holds one
 NativeMessage = dict[str, Any] | bytes
 
 
-def binary_frame(frame_index: int, pcm16: bytes) -> bytes:
-    """A binary output message: 4-byte little-endian frame index, then PCM16 LE mono 24 kHz."""
-    return _FRAME_INDEX.pack(frame_index & 0xFFFFFFFF) + pcm16
+def binary_frame(frame_index: int, pcm16: bytes, input_samples_end: int | None = None) -> bytes:
+    """A binary output message: 4-byte little-endian frame index, then PCM16 LE mono 24 kHz.
+    With ``input_samples_end`` (sessions with ``duplex.alignment: client`` only, so stock
+    clients keep the 4-byte header) a second u32 LE, the frame's ``input_samples_end``."""
+    if input_samples_end is None:
+        return _FRAME_INDEX.pack(frame_index & 0xFFFFFFFF) + pcm16
+    return _FRAME_POSITION.pack(frame_index & 0xFFFFFFFF, input_samples_end & 0xFFFFFFFF) + pcm16
+
+
+def split_binary_frame_position(data: bytes) -> tuple[int, int | None, bytes]:
+    """``(frame_index, input_samples_end or None, pcm16)`` of a binary output message: the
+    header is 8 bytes when the PCM16 after 4 would not be whole 80 ms frames."""
+    if (len(data) - _FRAME_INDEX.size) % _FRAME_BYTES and not (
+        len(data) - _FRAME_POSITION.size
+    ) % _FRAME_BYTES:
+        index, position = _FRAME_POSITION.unpack_from(data)
+        return index, position, data[_FRAME_POSITION.size :]
+    (index,) = _FRAME_INDEX.unpack_from(data)
+    return index, None, data[_FRAME_INDEX.size :]
 
 
 def split_binary_frame(data: bytes) -> tuple[int, bytes]:
     """``(frame_index, pcm16)`` of a binary output message (for clients and tests)."""
-    (index,) = _FRAME_INDEX.unpack_from(data)
-    return index, data[_FRAME_INDEX.size :]
+    index, _, pcm16 = split_binary_frame_position(data)
+    return index, pcm16
 
 
 def refusal_error(
@@ -85,6 +104,7 @@ class NativeProjection:
         self.binary_output = binary_output
         self.capabilities = None if capabilities is None else dict(capabilities)
         self.closed = False
+        self._alignment = "server"  # the session's duplex.alignment: hints go to "client" only
 
     def session_object(self, config: Mapping[str, Any]) -> dict[str, Any]:
         obj: dict[str, Any] = {} if self.capabilities is None else {"capabilities": self.capabilities}
@@ -104,9 +124,11 @@ class NativeProjection:
             case ev.AudioFrame():  # first: the per-frame path
                 return self._audio(event)
             case ev.SessionCreated():
+                self._alignment = alignment_mode(event.config)
                 created = wire.NativeSessionCreated(event.session_id, self.session_object(event.config))
                 return [encode_server_event(created)]
             case ev.SessionUpdated():
+                self._alignment = alignment_mode(event.config)
                 updated = wire.NativeSessionUpdated(event.session_id, self.session_object(event.config))
                 return [encode_server_event(updated)]
             case ev.ResponseStarted():
@@ -139,6 +161,11 @@ class NativeProjection:
                 return [encode_server_event(ack)]
             case ev.Error():
                 return [refusal_error(event.code, event.message, event.client_event_id, param=event.param)]
+            case ev.AlignmentHint():
+                if self._alignment != "client":  # stock clients never get an event they did not ask for
+                    return []
+                reason = cast(Literal["start", "clear", "drift", "margin"], event.reason)
+                return [encode_server_event(wire.NativeInputAudioBufferAlignment(event.pad_ms, reason))]
             case ev.SessionClosed():
                 self.closed = True
                 return [encode_server_event(wire.NativeSessionClosed(event.session_id, event.reason))]
@@ -152,9 +179,11 @@ class NativeProjection:
                 frame_index=frame.frame_index,
                 audio=base64.b64encode(frame.pcm16).decode("ascii"),
                 text=frame.text,
+                input_samples_end=frame.input_samples_end,
             )
             return [encode_server_event(delta)]
-        out: list[NativeMessage] = [binary_frame(frame.frame_index, frame.pcm16)]
+        position = frame.input_samples_end if self._alignment == "client" else None
+        out: list[NativeMessage] = [binary_frame(frame.frame_index, frame.pcm16, position)]
         if frame.text:
             text = wire.NativeOutputTranscriptDelta(
                 frame.response_id, frame.epoch, frame.frame_index, frame.text

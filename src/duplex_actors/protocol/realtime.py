@@ -39,12 +39,13 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import attrs
 
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..session import events as ev
+from ..session.core import alignment_mode
 from ..session.events import MAX_TRANSCRIPT_CHARS
 from . import events as wire
 from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
@@ -132,6 +133,7 @@ class RealtimeProjection:
         self._server_event_seq = 0  # duplex: the last server_event_seq sent
         self._spoken: str | None = None  # duplex: the response whose response.speak was sent
         self._output = OutputStream()  # the session's output_audio_format (G.711: resampled, stateful)
+        self._alignment = "server"  # the session's duplex.alignment: hints go to "client" only
 
     @property
     def events_sent(self) -> int:
@@ -219,10 +221,16 @@ class RealtimeProjection:
                     self._flush(out)
             case ev.SessionCreated():
                 self._output = output_stream(event.config, self._output)
+                self._alignment = alignment_mode(event.config)
                 self._emit(out, wire.RealtimeSessionCreated(self._id(), self.session_object(event.config)))
             case ev.SessionUpdated():
                 self._output = output_stream(event.config, self._output)
+                self._alignment = alignment_mode(event.config)
                 self._emit(out, wire.RealtimeSessionUpdated(self._id(), self.session_object(event.config)))
+            case ev.AlignmentHint():
+                if self._alignment == "client":  # stock clients never get an event they did not ask for
+                    reason = cast(Literal["start", "clear", "drift", "margin"], event.reason)
+                    self._emit(out, wire.RealtimeInputAudioBufferAlignment(self._id(), event.pad_ms, reason))
             case ev.ResponseStarted():
                 self._started(event, out)
             case ev.ResponseEnded():
@@ -269,7 +277,12 @@ class RealtimeProjection:
         first = frames[0]
         rid, item_id = first.response_id, first.item_id
         pcm = first.pcm16 if len(frames) == 1 else b"".join(f.pcm16 for f in frames)
-        metadata = wire.AudioMetadata(first.epoch, first.frame_index, FRAME_MS * len(frames))
+        metadata = wire.AudioMetadata(
+            first.epoch,
+            first.frame_index,
+            FRAME_MS * len(frames),
+            input_samples_end=frames[-1].input_samples_end,
+        )
         if self.duplex:
             metadata = attrs.evolve(
                 metadata,

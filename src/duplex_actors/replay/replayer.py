@@ -4,9 +4,9 @@
 ``step`` records, and check the outbound event digest and the output-audio digest against the
 ``end`` record. CPU only, no model, thousands of times faster than real time.
 
-*Model*: re-run the real engine (batch 1) on the logged input frames, with the logged resets,
-and compare every step's text token and audio codes exactly (output PCM within a tolerance)
-with the ``step`` records; the first divergent frame is reported (epoch, frame, expected, got).
+*Model*: re-run the real engine (batch 1) on the logged input frames, with the logged resets
+(alignment pads are zeros in those frames; drained frames are skipped), and compare every
+step's text token and audio codes exactly (output PCM within a tolerance) with the ``step`` records; the first divergent frame is reported (epoch, frame, expected, got).
 Batch invariance (DESIGN §4.4) is what makes a B=1 replay of a batched session meaningful.
 """
 
@@ -162,6 +162,9 @@ def logged_inputs(records: list[tuple[int, r.Record]]) -> Iterator[tuple[str, An
             continue
         if isinstance(record, r.Step):
             yield ("step", (record, frames.pop(record.frame_index)))
+        elif isinstance(record, r.Drain):
+            # Taken off the scheduler's queue unstepped: the model never saw it.
+            frames.pop(record.frame_index, None)
         for effect in core.apply(record):
             if isinstance(effect, SubmitFrame):
                 frames[effect.frame_index] = effect.samples

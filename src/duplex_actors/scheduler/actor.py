@@ -27,8 +27,18 @@ import trio
 from ..audio import FRAME_MS
 from ..errors import CodedError
 from ..model.engine import ModelEngine, SessionPrompt, StepOutput
+from ..session.alignment import Grid
 from .clock import INLINE, REAL_TIME, Clock, Executor, Threads, engine_executor
-from .policy import RECENT_STEPS, PolicyState, SchedulerView, SlotView, StepNow, TickPolicy, WindowPolicy
+from .policy import (
+    RECENT_STEPS,
+    GridPolicy,
+    PolicyState,
+    SchedulerView,
+    SlotView,
+    StepNow,
+    TickPolicy,
+    WindowPolicy,
+)
 from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
 
 __all__ = ["ResourceExhausted", "Scheduler", "SchedulerFailed", "SchedulerStatistics", "StepResult"]
@@ -178,6 +188,14 @@ class Scheduler:
         if self.failed is not None:
             self._free(entry)
         await done.wait()
+
+    def grid(self) -> Grid | None:
+        """The grid policy's ticks (origin, period) once its first tick is booked; None for the
+        window and deadline policies, which have no grid, and before the first tick."""
+        origin = self._policy_state.origin
+        if not isinstance(self.policy, GridPolicy) or origin is None:
+            return None
+        return Grid(origin=origin, period=self.policy.tick)
 
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(

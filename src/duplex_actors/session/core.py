@@ -75,10 +75,15 @@ class SessionLimits:
     # The shell's soft budget, not a refusal: while more input than this is buffered (and
     # queued for the core), the connection stops reading the client's socket (decision 11).
     input_budget_samples: int = 2 * SAMPLE_RATE
+    # The total of a session's alignment pads (24 kHz samples; ``--max-align-pad-ms``): a pad
+    # that would pass it is refused (``invalid_value``) and inserts nothing.
+    max_pad_samples: int = SAMPLE_RATE
 
     def __attrs_post_init__(self) -> None:
         if self.max_buffered_samples < 10 * SAMPLE_RATE:
             raise ValueError("max_buffered_samples must hold at least 10 s of audio")
+        if self.max_pad_samples < 0:
+            raise ValueError("max_pad_samples must not be negative")
         if not 0 < self.input_budget_samples <= self.max_buffered_samples:
             raise ValueError("input_budget_samples must be positive and within max_buffered_samples")
 
@@ -95,6 +100,33 @@ def input_samples(record: r.Append) -> int:
     """The append's length in 24 kHz samples, before resampling (one byte of G.711 at 8 kHz is
     3 of them): what the input bounds count."""
     return len(record.audio) * SAMPLE_RATE // (max(record.sample_rate_hz, 1) * _width(record.format))
+
+
+ALIGNMENT_MODES: Final = ("server", "client", "off")  # session config duplex.alignment
+PAD_REASONS: Final = frozenset({"start", "clear", "drift", "margin", "client"})
+HINT_REASONS: Final = frozenset({"start", "clear", "drift", "margin"})
+# Output frames state ``input_samples_end`` from this log format version on.
+POSITIONS_FORMAT: Final = 4
+
+
+def alignment_mode(config: Mapping[str, Any]) -> str:
+    """The session's ``duplex.alignment`` (``server`` when absent)."""
+    duplex = config.get("duplex")
+    mode = duplex.get("alignment") if isinstance(duplex, Mapping) else None
+    return mode if isinstance(mode, str) else "server"
+
+
+def _check_duplex(config: Mapping[str, Any]) -> None:
+    if "duplex" not in config:
+        return
+    duplex = config["duplex"]
+    if not isinstance(duplex, Mapping):
+        raise ConfigRefused("invalid_value", "duplex must be an object")
+    mode = duplex.get("alignment", "server")
+    if mode not in ALIGNMENT_MODES:
+        raise ConfigRefused(
+            "invalid_value", f"duplex.alignment must be one of {', '.join(ALIGNMENT_MODES)}, not {mode!r}"
+        )
 
 
 # Room for the effective voice and persona, which the family may spell longer than the client.
@@ -152,13 +184,15 @@ class State(enum.Enum):
 _COMMANDS: Final = frozenset(
     {r.Update, r.Append, r.ClearInput, r.ClearOutput, r.Cancel, r.Heartbeat, r.PlaybackAck, r.Rejected}
 )
+# What the shell itself writes into a live session: step results, alignment, drains, the close.
+_SHELL: Final = frozenset({r.Step, r.Close, r.Pad, r.AlignHint, r.Drain})
 # The records each state takes. Anything else is refused: in CLOSED with ``session_closed``,
 # in ERROR with ``internal_error``, elsewhere with ``internal_error`` and a move to ERROR. A
 # taken record can still be refused by its own checks (bad audio, a locked voice, ...).
 ACCEPTS: Final[Mapping[State, frozenset[type[Any]]]] = {
     State.IDLE: frozenset({r.Header, r.Open, r.Close}),
-    State.OPEN: _COMMANDS | {r.Step, r.Close},
-    State.RESPONDING: _COMMANDS | {r.Step, r.Close},
+    State.OPEN: _COMMANDS | _SHELL,
+    State.RESPONDING: _COMMANDS | _SHELL,
     State.ERROR: frozenset({r.Close}),
     State.CLOSED: frozenset({r.End}),
 }
@@ -178,7 +212,14 @@ class SessionCore:
         self.frames_stepped = 0  # step results received, any epoch
         self.frames_out = 0  # output frames emitted
         self._header_seen = False
+        self.format_version: int | None = None  # of the log, from its header
         self._tail: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        # Where the tail's samples came from: (24 kHz samples, client position at their start,
+        # at their end), oldest first; a pad's start and end are the same position.
+        self._tail_marks: list[tuple[int, int, int]] = []
+        self.client_samples = 0  # the client's own stream so far (samples at its rates)
+        self.pad_samples = 0  # alignment pads inserted (24 kHz samples)
+        self._frame_ends: dict[int, int] = {}  # frame index -> input_samples_end, until stepped
         # Input at the client's format and rate -> 24 kHz; its state is rebuilt on replay by the
         # same appends in the same order.
         self._input = InputStream()
@@ -204,6 +245,16 @@ class SessionCore:
     @property
     def buffered_samples(self) -> int:
         return len(self._tail) + self.frames_pending * FRAME_SAMPLES
+
+    @property
+    def tail_samples(self) -> int:
+        """The partial input frame (24 kHz samples not yet a whole frame)."""
+        return len(self._tail)
+
+    @property
+    def alignment(self) -> str:
+        """The session's ``duplex.alignment``: server (default), client or off."""
+        return alignment_mode(self.config)
 
     @property
     def locked(self) -> bool:
@@ -234,6 +285,7 @@ class SessionCore:
                 if self._header_seen:
                     self._fail(out, "a second header record")
                 self._header_seen = True
+                self.format_version = record.format_version
             case r.Open():
                 self._open(record, out)
             case r.Update():
@@ -242,6 +294,7 @@ class SessionCore:
                 self._append(record, out)
             case r.ClearInput():
                 self._tail = np.zeros(0, dtype=np.float32)
+                self._tail_marks = []
                 self._input.reset()
                 self._emit(out, ev.InputCleared(record.client_event_id))
             case r.ClearOutput():
@@ -262,6 +315,20 @@ class SessionCore:
                 self._emit(out, ev.PlaybackAcknowledged(dict(record.payload), record.client_event_id))
             case r.Step():
                 self._step(record, out)
+            case r.Pad():
+                self._pad(record, out)
+            case r.AlignHint():
+                if record.pad_ms not in range(1, 80) or record.reason not in HINT_REASONS:
+                    self._error(
+                        out,
+                        "invalid_value",
+                        f"alignment hint {record.pad_ms} ms ({record.reason}) refused",
+                        None,
+                    )
+                else:
+                    self._emit(out, ev.AlignmentHint(record.pad_ms, record.reason))
+            case r.Drain():
+                self._drain(record, out)
             case r.Rejected():
                 self._error(out, record.code, record.message, record.client_event_id)
             case r.Close():
@@ -302,6 +369,7 @@ class SessionCore:
         return self._validated(config)
 
     def _validated(self, config: Mapping[str, Any]) -> Any:
+        _check_duplex(config)
         sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
         extra = config.get("extra_body")
         if extra is not None and not isinstance(extra, Mapping):
@@ -431,17 +499,79 @@ class SessionCore:
         except AudioError as exc:
             self._error(out, exc.code, str(exc), record.client_event_id)
             return
+        start = self.client_samples
+        self.client_samples += len(record.audio) // _width(record.format)
+        self._feed(samples, start, self.client_samples, out)
+
+    def _pad(self, record: r.Pad, out: list[Effect]) -> None:
+        """Zeros after the partial tail (spec section 7), within the session's pad bound."""
+        if record.samples <= 0 or record.reason not in PAD_REASONS:
+            self._error(
+                out, "invalid_value", f"pad of {record.samples} samples ({record.reason}) refused", None
+            )
+            return
+        if self.pad_samples + record.samples > self.limits.max_pad_samples:
+            self._error(
+                out,
+                "invalid_value",
+                f"a pad of {record.samples} samples would take the session's alignment pads past "
+                f"{self.limits.max_pad_samples} samples: not inserted, the session goes on unaligned",
+                None,
+            )
+            return
+        self.pad_samples += record.samples
+        position = self.client_samples
+        self._feed(np.zeros(record.samples, dtype=np.float32), position, position, out)
+
+    def _feed(self, samples: npt.NDArray[np.float32], start: int, end: int, out: list[Effect]) -> None:
+        """Append 24 kHz samples (client positions ``start``..``end``) and drain whole frames."""
+        if len(samples):
+            self._tail_marks.append((len(samples), start, end))
         buf = np.concatenate([self._tail, samples]) if len(self._tail) else samples
         whole = len(buf) // FRAME_SAMPLES
+        positions = self.format_version is not None and self.format_version >= POSITIONS_FORMAT
         for i in range(whole):
             frame = np.array(buf[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], dtype=np.float32)
             index = self.frames_in
             self.frames_in += 1
+            if positions:
+                self._frame_ends[index] = self._position_at((i + 1) * FRAME_SAMPLES)
             if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
                 self._speech_started = True
                 self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
             out.append(SubmitFrame(index, frame))
         self._tail = np.array(buf[whole * FRAME_SAMPLES :], dtype=np.float32)
+        if whole:
+            self._consume_marks(whole * FRAME_SAMPLES)
+
+    def _position_at(self, offset: int) -> int:
+        """The client position at ``offset`` samples into the buffered input (tail first); in a
+        pad, the position at its start; inside resampled audio, interpolated."""
+        at = 0
+        for n, start, end in self._tail_marks:
+            if offset <= at + n:
+                return start + (offset - at) * (end - start) // n
+            at += n
+        return self.client_samples
+
+    def _consume_marks(self, samples: int) -> None:
+        marks = self._tail_marks
+        i = 0
+        while i < len(marks) and samples >= marks[i][0]:
+            samples -= marks[i][0]
+            i += 1
+        del marks[:i]
+        if samples and marks:
+            n, start, end = marks[0]
+            marks[0] = (n - samples, start + samples * (end - start) // n, end)
+
+    def _drain(self, record: r.Drain, out: list[Effect]) -> None:
+        """A frame the scheduler dropped before stepping it: done without output."""
+        if self.frames_pending == 0 or not 0 <= record.frame_index < self.frames_in:
+            self._fail(out, f"a drain of frame {record.frame_index}, which is not waiting for a step")
+            return
+        self.frames_stepped += 1
+        self._frame_ends.pop(record.frame_index, None)
 
     def _step(self, record: r.Step, out: list[Effect]) -> None:
         if self.frames_pending == 0 or record.epoch > self.epoch:
@@ -450,6 +580,7 @@ class SessionCore:
             )
             return
         self.frames_stepped += 1
+        samples_end = self._frame_ends.pop(record.frame_index, None)
         if record.epoch < self.epoch:
             # Not input but a result of an epoch that has ended (the frame being stepped at a
             # cancel or clear): nothing of that epoch follows its terminal events. The shell
@@ -475,7 +606,13 @@ class SessionCore:
         self._emit(
             out,
             ev.AudioFrame(
-                response_id, item_id, self.epoch, record.frame_index, record.pcm16, record.text_piece
+                response_id,
+                item_id,
+                self.epoch,
+                record.frame_index,
+                record.pcm16,
+                record.text_piece,
+                samples_end,
             ),
         )
 

@@ -38,9 +38,16 @@ class ResponseStarted:
     epoch: int
 
 
+# Field metadata: a field left out of the canonical bytes (and dumps) while it is None, so that
+# adding it left the digests of older logs unchanged.
+OMIT_IF_NONE: Final = "omit_if_none"
+
+
 @attrs.frozen(slots=True)
 class AudioFrame:
-    """One 80 ms output frame (PCM16 LE mono 24 kHz) answering input frame ``frame_index``."""
+    """One 80 ms output frame (PCM16 LE mono 24 kHz) answering input frame ``frame_index``.
+    ``input_samples_end``: where that input frame ended in the client's own stream (samples at
+    the client's rate, pads excluded); None in sessions logged before format version 4."""
 
     response_id: str
     item_id: str
@@ -48,6 +55,7 @@ class AudioFrame:
     frame_index: int
     pcm16: bytes
     text: str
+    input_samples_end: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen(slots=True)
@@ -104,6 +112,15 @@ class Error:
 
 
 @attrs.frozen(slots=True)
+class AlignmentHint:
+    """Send the next chunk ``pad_ms`` early with ``pad_ms`` on it (spec section 7); projected
+    only for sessions whose ``duplex.alignment`` is ``client``."""
+
+    pad_ms: int
+    reason: str
+
+
+@attrs.frozen(slots=True)
 class SessionClosed:
     session_id: str
     reason: str
@@ -122,6 +139,7 @@ SessionEvent = (
     | PlaybackAcknowledged
     | Error
     | SessionClosed
+    | AlignmentHint
 )
 
 
@@ -134,6 +152,8 @@ def event_to_jsonable(event: SessionEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"event": event_name(event)}
     for a in attrs.fields(type(event)):
         value = getattr(event, a.name)
+        if value is None and a.metadata.get(OMIT_IF_NONE):
+            continue
         if isinstance(value, bytes):
             out[a.name] = {"bytes": len(value), "sha256": hashlib.sha256(value).hexdigest()}
         else:
@@ -147,6 +167,8 @@ def canonical_bytes(event: SessionEvent) -> bytes:
     blobs = []
     for a in attrs.fields(type(event)):
         value = getattr(event, a.name)
+        if value is None and a.metadata.get(OMIT_IF_NONE):
+            continue
         if isinstance(value, bytes):
             blobs.append(value)
             fields[a.name] = len(value)

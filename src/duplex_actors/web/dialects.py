@@ -105,7 +105,8 @@ def _command(event: Any, config: Mapping[str, Any]) -> Command:
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
         audio, fmt, rate = codec.decode_append(event, config)
-        return lambda s: s.append_bytes(audio, fmt, client_event_id=eid, sample_rate_hz=rate)
+        pad_ms = codec.append_pad_ms(event)
+        return lambda s: s.append_bytes(audio, fmt, client_event_id=eid, sample_rate_hz=rate, pad_ms=pad_ms)
     if isinstance(event, pe.SessionUpdate):
         cfg = codec.normalize_session_config(event.session, client_event_id=eid)
         return lambda s: s.update(cfg, client_event_id=eid)

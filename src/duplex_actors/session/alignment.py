@@ -1,0 +1,292 @@
+"""Alignment to the tick grid (spec section 7), sans-io: when to pad a session's input, and by how much.
+
+The scheduler steps every session on one grid (tick n at ``origin + n * period``). A session's
+80 ms frames complete when its appends arrive, at some phase relative to the ticks, and wait for
+the next tick. Inserting P ms of silence (0 <= P < 80) moves every later frame boundary P ms
+earlier in the client's stream, so frames complete P ms earlier (mod 80): the aligner picks P so
+that they complete ``margin`` before a tick.
+
+How it measures: a client sending in real time has, for every append, an *offset*
+``arrival - (client samples so far) / 24 kHz`` that is its start time plus the network delay;
+pads do not change it (they are not client samples). Over the first ``measure_frames``
+frame-completing appends (a frame completes at the append where ``tail + chunk >= 1920``) the
+smallest offset is the session's base; an append's *lateness* is its offset minus the base.
+The jitter-free completion time of the last measured frame (its arrival minus its lateness) is
+the *anchor*: frames complete at ``anchor + k * 80 ms - (pads since)``.
+
+What it decides (``before_append``):
+- chunks of 240, 480 or 960 samples (10, 20, 40 ms) in mode "server" or "client": a
+  ``ServerPad`` of a whole number of chunks (a pad at a chunk boundary moves completion by whole
+  chunks only), the smallest that makes frames complete at least ``margin`` before a tick;
+  jitter-free, they then complete in ``(tick - margin - chunk, tick - margin]``;
+- 80 ms chunks (1920 samples) in mode "client": a ``ClientHint(pad_ms)`` once (then none until
+  the client pads, or ``recheck_s`` has passed without it: a client that ignores hints gets one
+  per ``recheck_s``); applied, frames complete in ``(tick - margin - 1 ms, tick - margin]``;
+- anything else (other or irregular chunk sizes, 80 ms chunks in mode "server", mode "off", no
+  grid yet): None, the session is served unaligned.
+
+Every ``recheck_s`` (at a frame-completing append, with at least ``MIN_WINDOW`` frames seen since
+the last check) the aligner looks at the lateness of the frames since the last check: their
+minimum is how far the session's phase moved (the base and the anchor move with it; more than
+the margin is *drift*). The margin becomes the p95 of the lateness relative to that minimum
++ 2 ms, clamped to ``[margin_min_ms, margin_max_ms]``; lateness above ``margin_max_ms`` is
+a stall no margin covers (the scheduler's catch-up and drain handle it) and is left out of the
+percentile. It re-aligns (reason "drift" or "margin") when frames would complete later than the
+margin allows, or more than one pad granule plus ``realign_gain_ms`` earlier than needed (moving
+them later costs a pad of nearly 80 ms, so small gains are not worth the pad budget).
+``cleared()`` measures afresh and re-aligns with reason "clear"; the first alignment has reason
+"start". Pads are bounded: once a pad would take the session's total past
+``max_total_pad_samples``, the aligner returns None from then on.
+
+The actor's calls, per append it is about to log: first ``client_padded(samples)`` if the append
+carries ``pad_ms`` (the pad the core inserts before it), then ``before_append(now, grid, chunk,
+tail)`` with ``chunk`` the append's own audio and ``tail`` the core's partial tail before the
+append and before its pad. The aligner is deterministic: the same calls give the same decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+
+RATE: Final = 24_000
+FRAME: Final = 1920  # samples per 80 ms frame at 24 kHz
+SAMPLES_PER_MS: Final = RATE // 1000
+# Chunk sizes the server pads by itself: shorter than a frame and dividing it (10, 20, 40 ms).
+SERVER_CHUNKS: Final = (240, 480, 960)
+MODES: Final = ("server", "client", "off")
+REASONS: Final = ("start", "clear", "drift", "margin")
+# Frames since the last check a recheck needs (a 4 s recheck sees ~50).
+MIN_WINDOW: Final = 8
+_EPS: Final = 1e-6
+
+
+@attrs.frozen(slots=True)
+class Grid:
+    """The scheduler's tick grid: tick n at ``origin + n * period`` (seconds)."""
+
+    origin: float
+    period: float = 0.080
+
+
+@attrs.frozen(slots=True)
+class ServerPad:
+    """Insert ``samples`` zeros (24 kHz) before this append (the actor writes ``r.Pad``)."""
+
+    samples: int
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class ClientHint:
+    """Ask the client to send its next chunk ``pad_ms`` early (the actor writes ``r.AlignHint``)."""
+
+    pad_ms: int
+    reason: str
+
+
+Decision = ServerPad | ClientHint | None
+
+
+def p95(values: Sequence[float]) -> float:
+    """Nearest-rank 95th percentile of a non-empty sequence."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(0.95 * len(ordered))) - 1]
+
+
+class Aligner:
+    """One session's alignment state; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        mode: str = "server",
+        max_total_pad_samples: int = 24_000,
+        margin_min_ms: float = 3.0,
+        margin_max_ms: float = 40.0,
+        recheck_s: float = 4.0,
+        measure_frames: int = 3,
+        realign_gain_ms: float = 10.0,
+    ) -> None:
+        if margin_min_ms > margin_max_ms or margin_min_ms < 0:
+            raise ValueError("need 0 <= margin_min_ms <= margin_max_ms")
+        if measure_frames < 1 or recheck_s <= 0:
+            raise ValueError("need measure_frames >= 1 and recheck_s > 0")
+        if mode not in MODES:
+            raise ValueError(f"alignment must be one of {', '.join(MODES)}, not {mode!r}")
+        self.mode = mode
+        self.max_total_pad_samples = max_total_pad_samples
+        self.margin_min_ms = margin_min_ms
+        self.margin_max_ms = margin_max_ms
+        self.recheck_s = recheck_s
+        self.measure_frames = measure_frames
+        self.realign_gain_ms = realign_gain_ms
+        self._total = 0
+        self._exhausted = False
+        self._client_pos = 0  # client samples appended so far (pads excluded)
+        self._pending_pad = 0  # a client pad announced for the next append
+        self._margin_ms = margin_min_ms
+        self._restart("start")
+
+    def _restart(self, reason: str) -> None:
+        self._reason = reason  # of the alignment owed or last made
+        self._chunk: int | None = None  # the session's chunk size, once seen
+        self._irregular = False
+        self._measured: list[float] = []  # offsets of the frame-completing appends measured
+        self._base: float | None = None  # the smallest offset: start time + base delay
+        self._anchor: float | None = None  # a jitter-free frame completion time (mod period)
+        self._due = False  # an alignment is owed at the next frame-completing append
+        self._window: list[float] = []  # lateness (s) of frames since the last check
+        self._last_check = 0.0
+        self._hint_at: float | None = None  # a hint the client has not answered yet
+
+    # -- the API the session actor uses -----------------------------------------------------------
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"alignment must be one of {', '.join(MODES)}, not {mode!r}")
+        if mode != self.mode and mode != "off" and self._base is not None:
+            self._due = True  # e.g. "off" -> "server": align at the next frame
+        self.mode = mode
+
+    @property
+    def total_pad_samples(self) -> int:
+        return self._total
+
+    @property
+    def margin_ms(self) -> float:
+        return self._margin_ms
+
+    @property
+    def exhausted(self) -> bool:
+        """A pad would have passed the bound: the session is served unaligned from now on."""
+        return self._exhausted
+
+    def client_padded(self, samples: int) -> None:
+        """The next append carries a pad of ``samples`` the core inserts before it."""
+        if samples <= 0:
+            return
+        self._total += samples
+        self._pending_pad += samples
+        self._hint_at = None
+        if self._anchor is not None:
+            self._anchor -= samples / RATE
+
+    def cleared(self) -> None:
+        """``input_audio_buffer.clear``: measure afresh and re-align (reason "clear")."""
+        self._pending_pad = 0
+        self._restart("clear")
+
+    def before_append(self, now: float, grid: Grid | None, chunk_samples: int, tail_samples: int) -> Decision:
+        pad_in, self._pending_pad = self._pending_pad, 0
+        completes = tail_samples + pad_in + chunk_samples >= FRAME
+        self._client_pos += chunk_samples
+        offset = now - self._client_pos / RATE
+        self._see_chunk(chunk_samples + pad_in)
+        if not completes:
+            return None
+        if self._base is None:
+            self._measured.append(offset)
+            if len(self._measured) < self.measure_frames:
+                return None
+            base = min(self._measured)
+            self._base = base
+            self._anchor = now - (offset - base)
+            self._margin_ms = self._margin_from([o - base for o in self._measured])
+            self._last_check = now
+            self._due = True
+        else:
+            self._window.append(offset - self._base)
+        if grid is None:
+            return None
+        if self._due:
+            return self._align(now, grid, self._reason)
+        if now - self._last_check >= self.recheck_s - _EPS and len(self._window) >= MIN_WINDOW:
+            return self._recheck(now, grid)
+        return None
+
+    # -- internals --------------------------------------------------------------------------------
+    def _see_chunk(self, samples: int) -> None:
+        if self._chunk is None:
+            self._chunk = samples
+        elif samples != self._chunk:
+            self._irregular = True
+
+    def _margin_from(self, lateness: Sequence[float]) -> float:
+        coverable = [x for x in lateness if x * 1000 <= self.margin_max_ms]
+        late_ms = p95(coverable) * 1000 if coverable else 0.0
+        return min(self.margin_max_ms, max(self.margin_min_ms, late_ms + 2.0))
+
+    def _granule_samples(self) -> int | None:
+        """The pad granule for this session (None: not aligned by this mode)."""
+        if self.mode == "off" or self._irregular or self._chunk is None:
+            return None
+        if self._chunk in SERVER_CHUNKS:
+            return self._chunk
+        if self._chunk == FRAME and self.mode == "client":
+            return SAMPLES_PER_MS
+        return None
+
+    def _phase_ms(self, grid: Grid) -> float:
+        """When (ms after a tick) this session's frames complete, jitter-free."""
+        assert self._anchor is not None
+        return ((self._anchor - grid.origin) % grid.period) * 1000
+
+    def _recheck(self, now: float, grid: Grid) -> Decision:
+        assert self._base is not None and self._anchor is not None
+        window, self._window = self._window, []
+        self._last_check = now
+        ignored = self._hint_at is not None and now - self._hint_at >= self.recheck_s - _EPS
+        if ignored:
+            self._hint_at = None  # one more hint may go out, with the same reason
+        # The window's earliest frame is where the session's jitter-free phase is now.
+        shift = min(window)
+        drift = abs(shift) * 1000 > self._margin_ms
+        self._base += shift
+        self._anchor += shift
+        old = self._margin_ms
+        self._margin_ms = self._margin_from([x - shift for x in window])
+        granule = self._granule_samples()
+        if granule is None:
+            return None
+        period_ms = grid.period * 1000
+        latest = period_ms - self._margin_ms  # the latest acceptable completion phase
+        early_by = (latest - self._phase_ms(grid)) % period_ms
+        if early_by <= granule / SAMPLES_PER_MS + self.realign_gain_ms + _EPS:
+            return None  # late enough to wait little, early enough to make the tick
+        if drift:
+            reason = "drift"
+        elif abs(self._margin_ms - old) > _EPS:
+            reason = "margin"
+        elif ignored:
+            reason = self._reason
+        else:
+            reason = "drift"  # a slow drift (clock skew): less than the margin per check
+        return self._align(now, grid, reason)
+
+    def _align(self, now: float, grid: Grid, reason: str) -> Decision:
+        self._due = False
+        granule = self._granule_samples()
+        if granule is None or self._exhausted:
+            return None
+        self._reason = reason
+        period_ms = grid.period * 1000
+        # How far to move completions earlier so that they land margin before the tick.
+        want_ms = (self._phase_ms(grid) + self._margin_ms) % period_ms
+        pad = math.ceil(want_ms * SAMPLES_PER_MS / granule - _EPS) * granule % FRAME
+        if pad == 0:
+            return None
+        if self._total + pad > self.max_total_pad_samples:
+            self._exhausted = True
+            return None
+        if granule == SAMPLES_PER_MS:  # a hint: the client pads (client_padded counts it)
+            if self._hint_at is not None:
+                return None
+            self._hint_at = now
+            return ClientHint(pad // SAMPLES_PER_MS, reason)
+        assert self._anchor is not None
+        self._total += pad
+        self._anchor -= pad / RATE
+        return ServerPad(pad, reason)

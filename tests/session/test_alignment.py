@@ -1,0 +1,302 @@
+"""The aligner (session/alignment.py, sans-io): table tests and hypothesis over arrival traces.
+
+``drive`` plays one session's appends through an ``Aligner`` as the session actor would: a
+client sending ``chunk`` samples in real time from ``start`` over a link adding ``delays[j]``
+to chunk j (in order, as one TCP stream), a core whose partial tail it tracks, server pads
+inserted before the append they precede, and a client that applies hints (its next chunk
+``pad_ms`` early with ``80 - pad_ms`` ms of audio) when ``obey`` is true. It records when every
+80 ms frame completes, so the tests can check where frames land relative to the ticks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplex_actors.session.alignment import (
+    FRAME,
+    RATE,
+    Aligner,
+    ClientHint,
+    Grid,
+    ServerPad,
+)
+
+GRID = Grid(origin=0.050)
+PERIOD = GRID.period
+
+
+@attrs.define
+class Run:
+    decisions: list[tuple[int, ServerPad | ClientHint]] = attrs.field(factory=list)  # (append, what)
+    completions: list[float] = attrs.field(factory=list)  # when each frame completed
+    first_aligned: int | None = None  # index in completions of the first frame after the last pad
+
+
+def drive(
+    aligner: Aligner,
+    *,
+    chunk: int,
+    start: float,
+    delays: Sequence[float],
+    grid: Grid | None = GRID,
+    obey: bool = True,
+    clear_at: int | None = None,
+) -> Run:
+    run = Run()
+    tail = 0
+    sent = 0  # client samples sent
+    last = 0.0
+    hint: int | None = None
+    for j, delay in enumerate(delays):
+        if clear_at is not None and j == clear_at:
+            aligner.cleared()
+            tail = 0
+        size, pad = chunk, 0
+        if hint is not None and chunk == FRAME:
+            pad, size, hint = hint * 24, FRAME - hint * 24, None
+            aligner.client_padded(pad)
+        sent += size
+        now = last = max(last, start + sent / RATE + delay)
+        decision = aligner.before_append(now, grid, size, tail)
+        if isinstance(decision, ServerPad):
+            pad += decision.samples
+        if decision is not None:
+            run.decisions.append((j, decision))
+        if isinstance(decision, ClientHint) and obey:
+            hint = decision.pad_ms
+        tail += pad + size
+        while tail >= FRAME:
+            tail -= FRAME
+            run.completions.append(now)
+        if pad:
+            run.first_aligned = len(run.completions)
+    return run
+
+
+def before_tick(t: float, grid: Grid = GRID) -> float:
+    """How long before the next tick (at or after t) ``t`` is, in ms."""
+    n = math.ceil((t - grid.origin) / grid.period - 1e-9)
+    return (grid.origin + n * grid.period - t) * 1000
+
+
+def steady(n: int, delay: float = 0.0) -> list[float]:
+    return [delay] * n
+
+
+# -- table tests --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("chunk", "start_ms", "mode", "expect"),
+    [
+        # 20 ms chunks: a pad of whole chunks, the smallest that leaves >= 3 ms before the tick
+        (480, 0.0, "server", ServerPad),
+        (240, 20.0, "server", ServerPad),
+        (960, 61.0, "client", ServerPad),  # "client" pads short chunks too
+        (1920, 25.0, "client", ClientHint),
+        (1920, 25.0, "server", None),  # 80 ms chunks are never padded by the server
+        (720, 25.0, "client", None),  # 30 ms: does not divide 80
+        (2400, 25.0, "client", None),  # 100 ms
+        (480, 25.0, "off", None),
+    ],
+)
+def test_what_each_chunk_size_gets(chunk: int, start_ms: float, mode: str, expect: type | None) -> None:
+    run = drive(Aligner(mode=mode), chunk=chunk, start=start_ms / 1000, delays=steady(200))
+    kinds = {type(d) for _, d in run.decisions}
+    assert kinds == ({expect} if expect else set())
+    if expect is not None:
+        assert [d.reason for _, d in run.decisions] == ["start"]  # once, jitter-free
+
+
+def test_server_pad_lands_frames_a_margin_before_the_tick() -> None:
+    # Frames of this session complete 30 ms after a tick (start 0 + 80 ms = 80 ms; ticks at 50 +
+    # 80n): it needs them 3 ms before one, i.e. 33 ms earlier: two 20 ms chunks (40 ms).
+    aligner = Aligner()
+    run = drive(aligner, chunk=480, start=0.0, delays=steady(100))
+    assert [(j, d) for j, d in run.decisions] == [(11, ServerPad(960, "start"))]
+    assert run.first_aligned is not None
+    waits = {round(before_tick(t), 6) for t in run.completions[run.first_aligned :]}
+    assert waits == {10.0}  # in (3, 3 + 20]: the 20 ms granule
+    assert aligner.total_pad_samples == 960 and aligner.margin_ms == 3.0
+
+
+def test_client_hint_lands_frames_a_margin_before_the_tick() -> None:
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=steady(100))
+    # complete 50.5 ms after a tick: 50.5 + 3 = 53.5 -> 54 ms early
+    assert [d for _, d in run.decisions] == [ClientHint(54, "start")]
+    assert run.first_aligned is not None
+    waits = [before_tick(t) for t in run.completions[run.first_aligned :]]
+    assert all(3.0 - 1e-6 <= w <= 4.0 + 1e-6 for w in waits), waits
+    assert aligner.total_pad_samples == 54 * 24
+
+
+def test_ignored_hint_is_repeated_once_per_recheck() -> None:
+    aligner = Aligner(mode="client", recheck_s=4.0)
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=steady(250), obey=False)  # 20 s
+    hints = [(j, d) for j, d in run.decisions]
+    assert [d for _, d in hints] == [ClientHint(54, "start")] * len(hints)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(hints)]
+    assert len(hints) >= 4 and all(g * 0.080 >= 4.0 - 1e-9 for g in gaps), gaps
+    assert aligner.total_pad_samples == 0
+
+
+def test_no_grid_measures_but_does_not_pad_until_there_is_one() -> None:
+    aligner = Aligner()
+    assert drive(aligner, chunk=480, start=0.0, delays=steady(40), grid=None).decisions == []
+    run = drive(aligner, chunk=480, start=0.0, delays=steady(40))
+    assert len(run.decisions) == 1 and run.decisions[0][1].reason == "start"
+
+
+@pytest.mark.parametrize("clear_at", [49, 51, 53])
+def test_clear_realigns_with_reason_clear(clear_at: int) -> None:
+    # The clear drops the core's partial tail (1-3 chunks here): frames complete later after it.
+    aligner = Aligner()
+    run = drive(aligner, chunk=480, start=0.0, delays=steady(150), clear_at=clear_at)
+    assert [d.reason for _, d in run.decisions] == ["start", "clear"]
+    assert run.decisions[1][0] > clear_at and run.first_aligned is not None
+    waits = {round(before_tick(t), 6) for t in run.completions[run.first_aligned :]}
+    assert waits == {10.0}
+
+
+def test_drift_realigns() -> None:
+    # The path's delay grows by 30 ms at 6 s (a route change): frames miss their ticks until
+    # the next check moves the anchor and pads them back in front of the tick.
+    delays = [0.0] * 53 + [0.030] * 200  # the step starts a check window (see the recheck)
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays)
+    assert [d.reason for _, d in run.decisions] == ["start", "drift"]
+    tail = [before_tick(t) for t in run.completions[-50:]]
+    assert all(3.0 - 1e-6 <= w <= 4.0 + 1e-6 for w in tail), tail
+
+
+def test_margin_follows_the_lateness() -> None:
+    # 10 ms of jitter on every other chunk from 4 s on: p95 = 10 -> margin 12 ms, re-aligned.
+    delays = [0.0] * 60 + [0.010 * (j % 2) for j in range(300)]
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays)
+    assert [d.reason for _, d in run.decisions] == ["start", "margin"]
+    assert aligner.margin_ms == pytest.approx(12.0)
+    on_time = [before_tick(t) for t in run.completions[-100:] if before_tick(t) > 1.0]
+    assert min(on_time) >= 1.9  # the late ones complete >= 2 ms before the tick, the rest 12-13
+
+
+def test_a_stall_beyond_the_margin_cap_does_not_raise_the_margin() -> None:
+    delays = [0.0] * 100
+    for j in range(60, 64):  # a 250 ms stall: the held chunks arrive together
+        delays[j] = 0.250 - (j - 60) * 0.080
+    aligner = Aligner(mode="client")
+    drive(aligner, chunk=FRAME, start=0.0205, delays=delays)
+    assert aligner.margin_ms == 3.0
+
+
+def test_total_pad_is_bounded_then_unaligned() -> None:
+    # A pause of 37 ms every ~4 s moves the phase each check: re-aligned each time until the
+    # next pad would pass the bound; from then on nothing.
+    delays = [0.037 * (j // 50) for j in range(2000)]
+    aligner = Aligner(mode="server", max_total_pad_samples=4000)
+    run = drive(aligner, chunk=480, start=0.0, delays=delays)
+    assert aligner.exhausted and aligner.total_pad_samples <= 4000
+    assert 2 <= len(run.decisions) < 9
+    last = run.decisions[-1][0]
+    assert last < 1500  # none after the bound was hit
+
+
+def test_set_mode_off_then_on() -> None:
+    aligner = Aligner(mode="off")
+    assert drive(aligner, chunk=480, start=0.0, delays=steady(60)).decisions == []
+    aligner.set_mode("server")
+    run = drive(aligner, chunk=480, start=0.0, delays=steady(60))
+    assert [d.reason for _, d in run.decisions] == ["start"]
+    with pytest.raises(ValueError):
+        aligner.set_mode("sometimes")
+
+
+def test_irregular_chunks_are_not_padded() -> None:
+    aligner = Aligner()
+    sizes = [480, 480, 240, 960, 480] * 40
+    tail, last, sent = 0, 0.0, 0
+    for size in sizes:
+        sent += size
+        last = sent / RATE
+        assert aligner.before_append(last, GRID, size, tail) is None
+        tail = (tail + size) % FRAME
+
+
+# -- hypothesis ---------------------------------------------------------------------------------
+PADDED_CHUNKS = (240, 480, 960)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunk=st.sampled_from((*PADDED_CHUNKS, FRAME)),
+    start=st.floats(0.0, 0.2),
+    delay=st.floats(0.0, 0.1),
+    origin=st.floats(0.0, 0.08),
+)
+def test_jitter_free_frames_land_in_the_target_window(
+    chunk: int, start: float, delay: float, origin: float
+) -> None:
+    """Once aligned, on a jitter-free trace, every frame completes in
+    [tick - margin - granule, tick - margin] (granule: the chunk, or 1 ms for a hint), one
+    alignment only, and its pad is under 80 ms."""
+    grid = Grid(origin=origin)
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=chunk, start=start, delays=steady(150 * FRAME // chunk, delay), grid=grid)
+    assert len(run.decisions) <= 1
+    assert aligner.total_pad_samples < FRAME
+    granule_ms = 1.0 if chunk == FRAME else chunk / 24
+    m = aligner.margin_ms
+    assert m == 3.0
+    start_at = run.first_aligned if run.decisions else 4
+    assert start_at is not None
+    after = run.completions[start_at:]
+    assert len(after) > 100
+    for t in after:
+        w = before_tick(t, grid)
+        assert m - 1e-6 <= w <= m + granule_ms + 1e-6 or (w >= 80 - 1e-6 and m + granule_ms >= 80), w
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> tuple[int, float, list[float], str, int]:
+    chunk = draw(st.sampled_from((240, 480, 720, 960, 1920, 2400)))
+    n = draw(st.integers(20, 400))
+    base = draw(st.floats(0.0, 0.05))
+    jitter = draw(st.lists(st.floats(0.0, 0.06), min_size=n, max_size=n))
+    # late bursts and steps in the base delay (route changes, pauses)
+    for _ in range(draw(st.integers(0, 4))):
+        at, size = draw(st.integers(0, n - 1)), draw(st.floats(0.0, 0.4))
+        for j in range(at, n):
+            jitter[j] += size
+    mode = draw(st.sampled_from(("server", "client", "off")))
+    bound = draw(st.sampled_from((0, 480, 4000, 24_000)))
+    return chunk, draw(st.floats(0.0, 0.1)), [base + x for x in jitter], mode, bound
+
+
+@settings(max_examples=200, deadline=None)
+@given(trace=traces(), obey=st.booleans())
+def test_decisions_are_bounded_and_of_the_right_kind(
+    trace: tuple[int, float, list[float], str, int], obey: bool
+) -> None:
+    chunk, start, delays, mode, bound = trace
+    aligner = Aligner(mode=mode, max_total_pad_samples=bound)
+    run = drive(aligner, chunk=chunk, start=start, delays=delays, obey=obey)
+    assert aligner.total_pad_samples <= bound
+    assert 3.0 <= aligner.margin_ms <= 40.0
+    for _, d in run.decisions:
+        assert mode != "off"
+        if isinstance(d, ServerPad):
+            assert chunk in PADDED_CHUNKS and 0 < d.samples < FRAME and d.samples % chunk == 0
+        else:
+            assert chunk == FRAME and mode == "client" and 1 <= d.pad_ms <= 79
+        assert d.reason in ("start", "drift", "margin")
+    # deterministic: the same calls give the same decisions
+    again = drive(
+        Aligner(mode=mode, max_total_pad_samples=bound), chunk=chunk, start=start, delays=delays, obey=obey
+    )
+    assert again.decisions == run.decisions
