@@ -64,7 +64,7 @@ from ..protocol.events import (
     SessionHeartbeat,
     SessionUpdate,
 )
-from ..protocol.native import split_binary_frame
+from ..protocol.native import split_binary_frame_position
 from .audio import (
     AudioInput,
     EncodedAudio,
@@ -301,8 +301,8 @@ class DuplexClient:
 
     def _parse(self, message: str | bytes, now: float) -> ServerEvent:
         seq = self.events_received + 1
-        if isinstance(message, bytes):  # native binary output: u32 LE frame index + PCM16
-            index, pcm = split_binary_frame(message)
+        if isinstance(message, bytes):  # native binary output: u32 LE frame index (+ u32 position) + PCM16
+            index, position, pcm = split_binary_frame_position(message)
             return AudioDelta(
                 type=NativeOutputAudioDelta.TYPE,
                 raw={},
@@ -312,6 +312,7 @@ class DuplexClient:
                 epoch=self.epoch,
                 frame_index=index,
                 pcm16=pcm,
+                input_samples_end=position,
             )
         try:
             obj = json.loads(message)
