@@ -84,7 +84,7 @@ def test_realtime_sends_the_hint_only_to_opted_in_sessions(
 
 def test_a_grouped_delta_states_its_last_frames_position(capabilities: dict[str, Any]) -> None:
     projection = RealtimeProjection(SID, "m", capabilities, output_chunk_frames=2)
-    events = [
+    events: list[ev.SessionEvent] = [
         ev.SessionCreated(SID, {}),
         ev.ResponseStarted("r", "i", 0),
         ev.AudioFrame("r", "i", 0, 0, PCM, "", 1920),

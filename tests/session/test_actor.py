@@ -19,6 +19,7 @@ from duplex_actors.log.writer import LogFailed
 from duplex_actors.model.family import detect_family
 from duplex_actors.session import events as ev
 from duplex_actors.session.actor import SessionActor
+from duplex_actors.session.alignment import Grid
 from duplex_actors.session.core import SessionCore
 
 SID = "sess_0123456789abcdef01234567"
@@ -72,6 +73,7 @@ class GatedLog:
 class Scheduler:
     def __init__(self) -> None:
         self.frames: list[int] = []
+        self.tick_grid: Grid | None = None
 
     def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None:
         self.frames.append(frame_index)
@@ -81,6 +83,9 @@ class Scheduler:
 
     async def release(self, slot: int) -> None:
         await trio.lowlevel.checkpoint()
+
+    def grid(self) -> Grid | None:
+        return self.tick_grid
 
 
 class Harness:

@@ -107,11 +107,14 @@ def test_positions_count_client_samples_at_the_client_rate():
     out: list = []
     for _ in range(5):
         out += frames(core.apply(r.Append(pcm16(FRAME_SAMPLES // 3), "pcm16", sample_rate_hz=8000)))
-    ends = []
+    ends: list[int] = []
     for f in out:
         ends += [
-            e.input_samples_end for e in emitted(step(core, f.frame_index)) if isinstance(e, ev.AudioFrame)
+            e.input_samples_end
+            for e in emitted(step(core, f.frame_index))
+            if isinstance(e, ev.AudioFrame) and e.input_samples_end is not None
         ]
+    assert len(ends) == len(out)
     assert ends == sorted(ends) and all(0 < e <= 6 * 640 for e in ends)
     assert core.client_samples == 6 * 640
 
@@ -167,9 +170,13 @@ def test_frames_and_positions_over_any_interleaving_of_appends_and_pads(items):
         assert not [e for e in emitted(effects) if isinstance(e, ev.Error)]
         submitted += [f.frame_index for f in frames(effects)]
     assert core.frames_in == len(submitted) == (client + pads) // FRAME_SAMPLES
-    ends = []
+    ends: list[int] = []
     for index in submitted:
-        ends += [e.input_samples_end for e in emitted(step(core, index)) if isinstance(e, ev.AudioFrame)]
+        ends += [
+            e.input_samples_end
+            for e in emitted(step(core, index))
+            if isinstance(e, ev.AudioFrame) and e.input_samples_end is not None
+        ]
     assert ends == sorted(ends)
     assert ends == [position_after[(k + 1) * FRAME_SAMPLES - 1] for k in range(len(submitted))]
     assert core.client_samples == client and core.pad_samples == pads

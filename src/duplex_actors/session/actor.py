@@ -12,6 +12,8 @@ submit frames and resets to the scheduler (never blocking), emit events to a bou
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,7 +25,8 @@ from ..errors import code_of
 from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev
-from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, SubmitFrame, input_samples
+from .alignment import Aligner, ClientHint, Grid, ServerPad
+from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, State, SubmitFrame, input_samples
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,9 @@ class SchedulerHandle(Protocol):
     def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None: ...
     def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
     async def release(self, slot: int) -> None: ...
+    def grid(self) -> Grid | None:
+        """The tick grid the aligner aligns to (None: no grid policy, or no tick yet)."""
+        ...
 
 
 class SessionActor:
@@ -88,6 +94,7 @@ class SessionActor:
         outbox: trio.MemorySendChannel[ev.SessionEvent],
         max_commands: int = 256,
         counters: Counters | None = None,
+        aligner: Aligner | None = None,
     ) -> None:
         self.core = core
         self.slot = slot
@@ -105,6 +112,13 @@ class SessionActor:
         self._queued_input = 0  # 24 kHz samples of appends in the inbox, not yet applied
         self._progress = trio.Event()  # set (and replaced) after each record is handled
         self._commands_done = 0  # client commands handled (inbox ordinals up to this one)
+        # Alignment (spec section 7): the aligner sees every append before it is logged, with
+        # the time it arrived (appends in the inbox, oldest first).
+        self.aligner = (
+            aligner if aligner is not None else Aligner(max_total_pad_samples=core.limits.max_pad_samples)
+        )
+        self._arrivals: deque[float] = deque()
+        self._tail_before_pad: int | None = None  # the tail before a client pad, for its append
 
     @property
     def session_id(self) -> str:
@@ -155,10 +169,14 @@ class SessionActor:
         append is parsed with) includes it."""
         samples = input_samples(record) if isinstance(record, r.Append) else 0
         self._queued_input += samples
+        if isinstance(record, r.Append):
+            self._arrivals.append(trio.current_time())
         try:
             ordinal = await self.inbox.put_command(record)
         except BaseException:
             self._queued_input -= samples  # not queued
+            if isinstance(record, r.Append):
+                self._arrivals.pop()
             raise
         while applied and self._commands_done < ordinal and not self.done.is_set():
             await self._progress.wait()
@@ -189,6 +207,7 @@ class SessionActor:
                 record = await self.inbox.get()
                 if isinstance(record, r.Append):
                     self._queued_input -= input_samples(record)
+                    await self._align(record, self._arrivals.popleft())
                 await self._handle(record)
                 self._commands_done = self.inbox.commands_taken
                 self._progress.set()
@@ -214,6 +233,43 @@ class SessionActor:
                     await self.log.wait_for_room()
         return self.log.append_nowait(record)  # still full: LogBackpressure ends the session
 
+    def drain_nowait(self, queued: Sequence[tuple[int, float]]) -> int | None:
+        """The scheduler's drain (a jitter backlog catch-ups cannot clear): of ``queued``
+        ((frame_index, rms), oldest first) the lowest-energy frame (the oldest of equals) is
+        dropped; its ``drain`` record goes through the inbox, so it is logged and applied in
+        order with everything else. None: not drained (alignment off, or the session ending)."""
+        if (
+            not queued
+            or self.core.alignment == "off"
+            or self.inbox.closed
+            or self.log_error is not None
+            or self.core.state not in (State.OPEN, State.RESPONDING)
+        ):
+            return None
+        index = min(queued, key=lambda item: item[1])[0]
+        self.inbox.put_result_nowait(r.Drain(index))
+        if self.counters is not None:
+            self.counters.dropped["drained"] += 1
+        return index
+
+    async def _align(self, record: r.Append, arrival: float) -> None:
+        """Ask the aligner about an append about to be logged; log its pad or hint first."""
+        tail, self._tail_before_pad = self._tail_before_pad, None
+        if len(record.audio) == 0 or self.core.state not in (State.OPEN, State.RESPONDING):
+            return
+        if self.core.refusal_for(record) is not None:
+            return
+        decision = self.aligner.before_append(
+            arrival,
+            self.scheduler.grid(),
+            input_samples(record),
+            self.core.tail_samples if tail is None else tail,
+        )
+        if isinstance(decision, ServerPad):
+            await self._handle(r.Pad(decision.samples, decision.reason))
+        elif isinstance(decision, ClientHint):
+            await self._handle(r.AlignHint(decision.pad_ms, decision.reason))
+
     async def _handle(self, record: r.Record) -> None:
         if isinstance(record, r.Append):
             # Refused audio is logged as a small ``rejected`` record, never with its audio.
@@ -235,7 +291,20 @@ class SessionActor:
         counters = self.counters
         if counters is not None and isinstance(record, r.Step) and record.epoch != self.core.epoch:
             counters.dropped["stale_epoch"] += 1
-        for effect in self.core.apply(record):
+        pads_before, tail_before = self.core.pad_samples, self.core.tail_samples
+        effects = self.core.apply(record)
+        if isinstance(record, r.Pad):
+            inserted = self.core.pad_samples - pads_before
+            if counters is not None:
+                counters.align_pad_samples += inserted
+            if record.reason == "client" and inserted:
+                self.aligner.client_padded(inserted)
+                self._tail_before_pad = tail_before
+        elif isinstance(record, r.Open | r.Update):
+            self.aligner.set_mode(self.core.alignment)
+        elif isinstance(record, r.ClearInput):
+            self.aligner.cleared()
+        for effect in effects:
             if isinstance(effect, Emit):
                 if counters is not None:
                     if isinstance(effect.event, ev.AudioFrame):
