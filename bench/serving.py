@@ -936,6 +936,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_load_child"]:
         return _load_child(argv[1:])
+    # SIGTERM runs the finally blocks too (every server started is stopped).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--seconds", type=float, default=10.0, help="audio per session per trial")
@@ -982,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     QUIET.update(pct=args.quiet_pct, wait=args.wait_quiet, log=log)
+    if args.smoke:
+        QUIET["reruns"] = 0  # a smoke proves the script works; a disturbed trial is not rerun
     busy = wait_quiet(args.quiet_pct, args.wait_quiet, log) if args.wait_quiet > 0 else None
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
