@@ -387,8 +387,8 @@ def run_processes_trial(
         info = out / f"p{i}" / "child.json"
         if info.exists():
             late.append(json.loads(info.read_text())["late_ms"])
-    extra = {"start_late_ms": max(late) if late else None, "other_cpu": meter.other_pct()}
-    return summarize(reports, extra)
+    figures = {"start_late_ms": max(late) if late else None, "other_cpu": meter.other_pct()}
+    return summarize(reports, figures)
 
 
 def _load_child(argv: list[str]) -> int:
