@@ -452,6 +452,9 @@ class _Pending:
     def step_failed(self, exc: BaseException) -> None:
         raise AssertionError("a step for a session that is not open yet") from exc
 
+    def drain_nowait(self, queued: object) -> int | None:
+        raise AssertionError("a drain for a session that is not open yet")
+
 
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
     """At start-up, truncate the torn tails of logs a crash left behind (every whole record

@@ -79,6 +79,9 @@ class SchedulerStatistics:
     # waited over 80 ms since submission, but only behind the same session's earlier frames
     # (the client sent faster than real time), not for the engine
     backlog_frames: int = 0
+    # removed from a slot's queue by a drain (the occupant logs and counts them as dropped
+    # with reason "drained"; they are not in dropped_frames, which would count them twice)
+    drained_frames: int = 0
 
 
 class Scheduler:
@@ -127,6 +130,7 @@ class Scheduler:
         self._dropped: Counter[str] = Counter()
         self._resets = 0
         self._catchups = 0
+        self._drained = 0
         self._wait_sum = 0.0
         self._wait_hist = [0] * len(WAIT_BUCKETS)
 
@@ -215,6 +219,7 @@ class Scheduler:
             frame_wait_seconds_sum=self._wait_sum,
             frame_wait_seconds_buckets=_cumulative(WAIT_BUCKETS, self._wait_hist),
             backlog_frames=self._backlog,
+            drained_frames=self._drained,
         )
 
     # -- the tick loop ---------------------------------------------------------------------------
@@ -310,6 +315,22 @@ class Scheduler:
                     self._dropped["session_closed"] += dropped
                 self._free(entry)
 
+    def _drain(self, entry: Slot) -> None:
+        """The policy found this slot's backlog a jitter the catch-ups cannot clear: the
+        occupant picks a queued frame to drop (and logs and counts it), or declines."""
+        if entry.occupant is None or not entry.frames or not self._steppable(entry):
+            return
+        queued = [(f.frame_index, _rms(f.samples)) for f in entry.frames]
+        chosen = entry.occupant.drain_nowait(queued)
+        if chosen is None:
+            return
+        for i, f in enumerate(entry.frames):
+            if f.frame_index == chosen:
+                del entry.frames[i]
+                self._drained += 1
+                return
+        raise AssertionError(f"slot {entry.index}: drained frame {chosen} was not queued")
+
     def _reset_failed(self, entry: Slot, exc: BaseException) -> None:
         self._dropped["reset_failed"] += len(entry.frames)
         entry.frames.clear()
@@ -357,6 +378,8 @@ class Scheduler:
         self._policy_state = self.policy.after_step(self._policy_state, view, decision, started)
         if decision.kind == "catchup":
             self._catchups += 1
+        for index in self._policy_state.drain:
+            self._drain(self.table.slots[index])
         try:
             outputs: Mapping[int, StepOutput] = await self.executor.run(lambda: self.engine.step(batch))
         except Exception as exc:
@@ -380,6 +403,10 @@ class Scheduler:
         self._step_hist[_bucket(STEP_BUCKETS, elapsed)] += 1
         for index, occupant, epoch, frame_index in routes:
             occupant.deliver_nowait(StepResult(epoch, frame_index, outputs[index]))
+
+
+def _rms(samples: npt.NDArray[np.float32]) -> float:
+    return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) if samples.size else 0.0
 
 
 def _bucket(bounds: tuple[float, ...], value: float) -> int:

@@ -19,7 +19,14 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   estimated step (p90 of recent steps) fits before the next tick, at most
   ``max_catchups_per_s`` per slot in any second. Falling further behind never earns one: a
   client sending faster than real time is served one frame per tick. A slot the catch-ups
-  cannot bring back stays behind; dropping a frame of it (the drain) is the session's part.
+  cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
+  ``after_step``): it is ``drain_min_backlog`` to ``drain_max_backlog`` frames behind (a jitter
+  backlog, not an upload), has been the same depth for ``drain_window_ticks`` ticks without
+  growing (the lag of its stepped frames grew by at most ``drain_growth_ms`` between the two
+  halves of that window: a client even a few per cent faster than real time grows more), and
+  no catch-up is available to it (its budget is spent, or two steps do not fit in a tick); at
+  most ``max_drains_per_s`` per slot in any second. The shell asks the slot's occupant which
+  queued frame to drop (``Occupant.drain_nowait``) and removes it.
 
 Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
 pending or that is not active is never stepped and never waited for.
@@ -82,6 +89,11 @@ class SlotState:
     # catch-up: it completes at any phase, and once the session is aligned its next frame
     # wants the same tick.
     seen: bool = False
+    # How late (seconds after its frame completed) the slot's stepped frame was at each of its
+    # last regular ticks at the current depth (at most drain_window_ticks), and when the
+    # slot's recent drains were decided.
+    lags: tuple[float, ...] = ()
+    drains: tuple[float, ...] = ()
 
 
 FRESH_SLOT: Final = SlotState()
@@ -98,6 +110,9 @@ class PolicyState:
     # Ticks stepped, and catch-up steps, over the policy's life (for statistics and tests).
     ticks: int = 0
     catchup_steps: int = 0
+    # Slots owed a drain by the step ``after_step`` just recorded (the shell drains them once).
+    drain: tuple[int, ...] = ()
+    drains: int = 0
 
     def slot(self, index: int) -> SlotState:
         return self.slots[index] if index < len(self.slots) else FRESH_SLOT
@@ -228,6 +243,11 @@ class GridPolicy:
     # A run of missed ticks (a late burst) is owed at most this many catch-ups.
     max_debt: int = 3
     first_tick_lead_ms: float = 10.0
+    drain_window_ticks: int = 8
+    drain_min_backlog: int = 2
+    drain_max_backlog: int = 6
+    drain_growth_ms: float = 5.0
+    max_drains_per_s: int = 2
     name: str = "grid"
 
     @property
@@ -273,7 +293,7 @@ class GridPolicy:
             debt = min(st.debt + 1, self.max_debt)
         else:
             debt = 0
-        return attrs.evolve(st, streak=0, debt=debt, caught_up=False, backlog=0, stable=0)
+        return attrs.evolve(st, streak=0, debt=debt, caught_up=False, backlog=0, stable=0, lags=())
 
     def _estimate(self, view: SchedulerView) -> float | None:
         return percentile(view.recent_steps, 90) if view.recent_steps else None
@@ -284,6 +304,26 @@ class GridPolicy:
         if len(recent) < self.max_catchups_per_s:
             return now
         return sorted(recent)[-self.max_catchups_per_s] + 1.0
+
+    def _catchup_available(self, st: SlotState, view: SchedulerView, now: float) -> bool:
+        """Could a catch-up still serve this slot: budget left, and a tick step plus a
+        catch-up step (p90 each) fit in one tick?"""
+        estimate = self._estimate(view)
+        fits = estimate is not None and 2 * estimate + self.guard_ms / 1000 <= self.tick
+        return fits and self._budget_free_at(st, now) <= now
+
+    def _owes_drain(self, st: SlotState, view: SchedulerView, behind: int, now: float) -> bool:
+        lags = st.lags
+        if len(lags) < self.drain_window_ticks:
+            return False
+        if not self.drain_min_backlog <= behind <= self.drain_max_backlog:
+            return False
+        half = len(lags) // 2
+        if min(lags[half:]) - min(lags[:half]) > self.drain_growth_ms / 1000:
+            return False  # falling further behind: a client ahead of real time
+        if sum(1 for t in st.drains if t > now - 1.0) >= self.max_drains_per_s:
+            return False
+        return not self._catchup_available(st, view, now)
 
     def decide(self, now: float, view: SchedulerView) -> Decision:
         steppable, waiting = _waiting(view)
@@ -340,7 +380,7 @@ class GridPolicy:
                 slots[i] = attrs.evolve(
                     st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True, seen=True
                 )
-            return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1)
+            return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1, drain=())
         assert step.tick_at is not None
         if state.origin is None:
             state = attrs.evolve(state, origin=step.tick_at, next_tick=0)
@@ -349,6 +389,7 @@ class GridPolicy:
         tick_at = self.tick_time(state, state.next_tick)
         assert abs(tick_at - step.tick_at) < 1e-6, "after_step needs the view its step came from"
         slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+        drain: list[int] = []
         for s in view.slots:
             if not s.steppable:
                 slots[s.index] = FRESH_SLOT
@@ -370,7 +411,9 @@ class GridPolicy:
                     debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
-                slots[s.index] = attrs.evolve(
+                lag = tick_at - s.frames[0]
+                lags = (*st.lags, lag) if behind and behind == st.backlog else (lag,)
+                st = attrs.evolve(
                     st,
                     streak=st.streak + 1,
                     debt=debt,
@@ -378,10 +421,23 @@ class GridPolicy:
                     backlog=behind,
                     stable=stable,
                     seen=True,
+                    lags=lags[-self.drain_window_ticks :],
                 )
+                if self._owes_drain(st, view, behind, started):
+                    drain.append(s.index)
+                    recent = (*(t for t in st.drains if t > started - 1.0), started)
+                    st = attrs.evolve(st, lags=(), drains=recent)
+                slots[s.index] = st
             else:
                 slots[s.index] = self._missed(slots[s.index])
-        return attrs.evolve(state, next_tick=state.next_tick + 1, slots=tuple(slots), ticks=state.ticks + 1)
+        return attrs.evolve(
+            state,
+            next_tick=state.next_tick + 1,
+            slots=tuple(slots),
+            ticks=state.ticks + 1,
+            drain=tuple(drain),
+            drains=state.drains + len(drain),
+        )
 
 
 Policy = WindowPolicy | DeadlinePolicy | GridPolicy

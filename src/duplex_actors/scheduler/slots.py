@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
@@ -36,6 +37,13 @@ class Occupant(Protocol):
 
     def step_failed(self, exc: BaseException) -> None:
         """A step carrying one of the occupant's frames raised (its queued frames are dropped)."""
+        ...
+
+    def drain_nowait(self, queued: Sequence[tuple[int, float]]) -> int | None:
+        """The slot's backlog is a jitter the catch-ups cannot clear: ``queued`` holds the
+        (frame index, rms) of its waiting frames, oldest first. Return the index of the frame
+        to drop (the occupant logs and counts it; the scheduler removes it from the queue in
+        this same call), or None to keep them all (e.g. alignment "off")."""
         ...
 
 
