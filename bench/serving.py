@@ -642,7 +642,7 @@ def arm_checks(arms: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool | N
     return out
 
 
-def print_arms(arms: dict[str, dict[str, Any]], seconds: float) -> None:
+def print_arms(arms: dict[str, dict[str, Any]], seconds: float, smoke: bool = False) -> None:
     print(
         f"Trials: {seconds:g} s of synthetic speech per session; held = coverage >= 0.99, latency p99 <= "
         "80 ms (per output frame: its arrival minus the send time of the chunk holding the sample at its "
@@ -679,7 +679,7 @@ def print_arms(arms: dict[str, dict[str, Any]], seconds: float) -> None:
             f"| {name} | {res['label']} | {res['largest']}{capped} | {fmt(top.get('steps_per_tick'), '.3f')} "
             f"| {fmt(top.get('wait_ms'))} | {fmt(top.get('lat_p99'))} |"
         )
-    checks = arm_checks(arms)
+    checks = [] if smoke else arm_checks(arms)
     if checks:
         print()
         print("| target (issue 12) | measured | met |")
@@ -1046,7 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
     if results["arms"]:
         print("### Largest N sustained in real time, per arm")
         print()
-        print_arms(results["arms"], args.seconds)
+        print_arms(results["arms"], args.seconds, smoke=bool(args.smoke))
         print()
     total = time.perf_counter() - started
     results["total_s"] = total

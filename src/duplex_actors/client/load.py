@@ -206,6 +206,8 @@ async def scrape(base: str, api_key: str | None = None) -> dict[str, float | Non
         return {**dict.fromkeys(names), "drained": None}
     out: dict[str, float | None] = {key: prometheus_value(text, metric) for key, metric in names.items()}
     out["drained"] = prometheus_value(text, "duplex_frames_dropped_total", reason="drained")
+    if out["drained"] is None and out["frames_dropped"] is not None:
+        out["drained"] = 0.0  # the counter is there, no frame was drained yet
     for le, count in prometheus_buckets(text, "duplex_frame_wait_seconds").items():
         out[f"wait_bucket_{le}"] = count
     return out
