@@ -209,6 +209,10 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def step_p90_ms(before: str, after: str) -> float | None:
     """The p90 engine step (bucket upper bound, ms) between two /metrics scrapes."""
     from duplex_actors.client.stats import bucket_quantile, prometheus_buckets
@@ -246,7 +250,7 @@ def arm_trial(
             held=t["held"], reasons=t["reasons"], coverage=a["coverage"], lat_p50=a["latency_ms"]["p50"],
             lat_p99=a["latency_ms"]["p99"], step_ms=a["server_step_ms_mean"],
             steps_per_tick=a.get("server_steps_per_tick"), wait_ms=a.get("server_wait_ms_mean"),
-            catchups=a.get("server_catchup_steps"), pad_s=a.get("server_align_pad_s"),
+            catchups=a.get("server_catchup_steps"), pad_s=_round(a.get("server_align_pad_s")),
             drained=a.get("server_drained_frames"), hints=a.get("alignment_hints"),
         )  # fmt: skip
     else:
