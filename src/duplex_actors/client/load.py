@@ -6,14 +6,24 @@
     duplex-load --url ... --seconds 10 --ramp --out ramp/
 
 Every session opens first (concurrently); then all stream the same pre-encoded audio
-(synthetic speech-like audio, or ``--input WAV``) on absolute 80 ms deadlines, with start phases
-spread evenly over one frame (``--sync-start``: all on the same instant), and wait up to
-``--drain`` seconds for their last frames before closing. The numbers (see
-:mod:`duplex_actors.client.stats`): frames sent/received, coverage, time to first audio, frame
-round trip p50/p99/max, output packet interval, underruns behind a 120 ms jitter buffer, lost
-frames, real-time factor, and the server's ``duplex_deadline_misses_total`` delta from
-``/metrics``. A run *held* real time when every session opened and streamed, coverage >= 0.99,
-round trip p99 <= 80 ms and no frame was lost.
+(synthetic speech-like audio, or ``--input WAV``) on absolute deadlines, ``--chunk-ms`` (80) per
+append, with start phases within one 80 ms tick given by ``--phases``: ``spread`` (session i of N
+at i*80/N ms, the default), ``random`` (uniform, from ``--seed``) or ``sync`` (all on the same
+instant; ``--sync-start``), and wait up to ``--drain`` seconds for their last frames before
+closing. Sessions opt in to alignment (``--align client``, the default: 80 ms streams follow the
+server's ``input_audio_buffer.alignment`` hints; ``server``, ``off``, or ``none`` to send no
+``duplex`` key at all, a stock client), and ``--jitter {loopback,lan,wan}`` (or the
+``--jitter-*`` knobs) holds chunks back on the way out, with late bursts, deterministically with
+``--seed``. The numbers (see :mod:`duplex_actors.client.stats`): frames sent/received, coverage,
+time to first audio, latency per output frame p50/p99/max (arrival minus the send time of the
+chunk holding the sample at the delta's ``input_samples_end``), frame round trip by frame index,
+output packet interval, underruns behind a 120 ms jitter buffer, lost frames, real-time factor,
+and from ``/metrics`` deltas: deadline misses, mean step, steps per tick
+(``duplex_step_duration_seconds_count`` x sessions / ``duplex_batch_size_sum``, as
+docs/operations.md defines it), the added wait (``duplex_frame_wait_seconds``), catch-up steps,
+alignment pad seconds, drained frames; per session the hints received and the pads applied. A run
+*held* real time when every session opened and streamed, coverage >= 0.99, latency p99 <= 80 ms
+and no frame was lost.
 
 ``--ramp`` runs N = 1, 2, 4, ... (``--ramp-step K``: 1, 1+K, ...) until a run breaks or N
 reaches the server's slot count, then bisects between the last N that held and the first that
