@@ -12,7 +12,6 @@ from duplex_actors.protocol import events as wire
 from duplex_actors.protocol.codec import encode_server_event
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection
-from duplex_actors.session import events as ev
 
 from ..replay.test_wire import CAPS, SID, synthetic
 
@@ -33,12 +32,7 @@ def _messages(dialect: str) -> list[dict[str, Any]]:
         else RealtimeProjection(SID, "tiny", CAPS, beta=dialect == "beta")
     )
     out = [projection.closing_event("server_shutdown")]
-    # synthetic() ends with the close; the alignment hint goes only to a session that opted in.
-    opted_in = [
-        ev.SessionUpdated(SID, {"voice": "NATF2.pt", "duplex": {"alignment": "client"}}),
-        ev.AlignmentHint(30, "start"),
-    ]
-    for event in [*opted_in, *synthetic()]:
+    for event in synthetic():
         out += [m for m in projection.project(event) if isinstance(m, dict)]
     return out
 
