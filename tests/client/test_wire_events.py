@@ -13,7 +13,7 @@ from duplex_actors.protocol.codec import encode_server_event
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection
 
-from ..replay.test_wire import CAPS, SID, synthetic
+from ..replay.test_wire import CAPS, SID, synthetic, synthetic_aligned
 
 # Per variant, the classes it never sends.
 # response.speak goes only to ?duplex=1 connections (tests/protocol/test_duplex_compat.py).
@@ -34,6 +34,13 @@ def _messages(dialect: str) -> list[dict[str, Any]]:
     out = [projection.closing_event("server_shutdown")]
     for event in synthetic():
         out += [m for m in projection.project(event) if isinstance(m, dict)]
+    again: Any = (
+        NativeProjection(SID, capabilities=CAPS, binary_output=dialect == "native-binary")
+        if dialect.startswith("native")
+        else RealtimeProjection(SID, "tiny", CAPS, beta=dialect == "beta")
+    )
+    for event in synthetic_aligned():
+        out += [m for m in again.project(event) if isinstance(m, dict)]
     return out
 
 

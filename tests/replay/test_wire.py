@@ -88,6 +88,28 @@ def synthetic(sid: str = SID) -> list[ev.SessionEvent]:
     ]
 
 
+def synthetic_aligned(sid: str = SID) -> list[ev.SessionEvent]:
+    """A session that opted in to alignment (log format 4): hints, positions on every frame, and
+    a hint after it turned alignment off (not sent)."""
+    config = {"voice": "NATF2.pt", "duplex": {"alignment": "client"}}
+    return [
+        ev.SessionCreated(sid, config),
+        ev.SessionUpdated(sid, config, "ev_u"),
+        ev.AlignmentHint(37, "start"),
+        ev.ResponseStarted("resp_a", "item_a", 0),
+        ev.AudioFrame("resp_a", "item_a", 0, 0, PCM, "Hé", 1032),
+        ev.AudioFrame("resp_a", "item_a", 0, 1, PCM, "", 2952),
+        ev.AlignmentHint(5, "drift"),
+        ev.AudioFrame("resp_a", "item_a", 0, 2, PCM, "llo", 4752),
+        ev.AudioFrame("resp_a", "item_a", 0, 3, PCM, "", 4752),  # ended inside a pad
+        ev.ResponseEnded("resp_a", "item_a", 0, "client_cancelled", "Héllo", 4, False),
+        ev.AlignmentHint(12, "clear"),
+        ev.SessionUpdated(sid, {**config, "duplex": {"alignment": "off"}}, "ev_off"),
+        ev.AlignmentHint(20, "margin"),
+        ev.SessionClosed(sid, "client_close"),
+    ]
+
+
 def _projection(dialect: str, sid: str, options: dict[str, Any]) -> Any:
     if dialect == "native":
         opts = {"capabilities": CAPS, **options}
@@ -114,7 +136,10 @@ def _digest(parts: Iterator[bytes]) -> str:
 
 def wire_digests() -> dict[str, str]:
     """``"<stream>/<variant>" -> sha256`` of every message the projections send."""
-    streams: dict[str, tuple[str, list[ev.SessionEvent]]] = {"synthetic": (SID, synthetic())}
+    streams: dict[str, tuple[str, list[ev.SessionEvent]]] = {
+        "synthetic": (SID, synthetic()),
+        "synthetic-aligned": (SID, synthetic_aligned()),
+    }
     for path in sorted(CORPUS.glob("*.dlog")):
         report = replay_logic(path)
         assert report.session_id is not None
@@ -176,6 +201,28 @@ EXPECTED: dict[str, str] = {
     "synthetic/native": "5597bb6bf6ee07eb5c7dbddcce74bf4028b39d7aa04eb2736c626e035104d8f2",
     "synthetic/native-binary": "aa7e01865b613660f73e91ebdcc0c64297ffdf28017616777ba0d79ff1aac889",
     "synthetic/native-nocaps": "6b8683c6ef640e27c2cd044693ebd860059a732b1f6ed7d91e76b296ad67c64c",
+    # Alignment (issue 12, log format 4): new streams only; every pin above is unchanged.
+    "sess_golden-tiny-grid-client-hint/beta": "388bb321d8008434dd5abc230bc4a9e049081d3882724352c4a2a7dd46c9333d",
+    "sess_golden-tiny-grid-client-hint/beta-chunk3": "d0b0ccdd213473f9acb2f1ba3652db70cfec90f5e3cd4cebadea88744c7c1f82",
+    "sess_golden-tiny-grid-client-hint/ga": "ecb3bc75464ff18bec20cdbaae7fa5258be5186d3cee16411d1609ab311b49fe",
+    "sess_golden-tiny-grid-client-hint/ga-chunk3": "054e022fb00b2f48b1492046a1b8209fef80d4087c15333cf47c259189a56007",
+    "sess_golden-tiny-grid-client-hint/native": "e279cf984e725b66c1be4ef30ae8280d99bf4a1c0cf74c3d312884adf7711ff3",
+    "sess_golden-tiny-grid-client-hint/native-binary": "094f15428023f9675dadd7b121762db2140179cf4086c98af5e9165007c4262b",
+    "sess_golden-tiny-grid-client-hint/native-nocaps": "080728b023e53437ce01a16321b443b81b7d70eb20609502765ab4abb1c33718",
+    "sess_golden-tiny-grid-server-pad/beta": "73d8f1a167a0dcc458bd75bee47a51e23aae678820528fd955fe026e3fd30bda",
+    "sess_golden-tiny-grid-server-pad/beta-chunk3": "75744e24f404c189a9aef64a17be21ec30629d61c754fb0b4f3299fa669945f0",
+    "sess_golden-tiny-grid-server-pad/ga": "6d3526a5a422ac6d9b15215a2425b2144596cf9491f86460e457d49e4c9ef66e",
+    "sess_golden-tiny-grid-server-pad/ga-chunk3": "b7adf4017a46c481ed5e0a16b2ff6af90dc998e88ce9a275ddbe04e90825c1f9",
+    "sess_golden-tiny-grid-server-pad/native": "b21cb172aa83c154857ccd2b99c23a0c0309d96dc35d0dbcb01adce7214732e0",
+    "sess_golden-tiny-grid-server-pad/native-binary": "6104d95b6761fe04aa7ac5d72623fe43589360517c630bef8fb03eca94c487af",
+    "sess_golden-tiny-grid-server-pad/native-nocaps": "4cb3049ab67214f1011d6f048c109aa3f8670da0bcb19bfba647ec3c71be2eef",
+    "synthetic-aligned/beta": "0d0c4fc984947aac0f66cac82f68efe0e94d2a2890288c100caf59c01be989c7",
+    "synthetic-aligned/beta-chunk3": "9b243a2a1317f69bcf66bfae32c97b29deb780f699ca263e5780804ba179b99d",
+    "synthetic-aligned/ga": "1a8794ac8ce9d985570495ce089ef79b8cd0a48aff1fc491893ee748094c12e7",
+    "synthetic-aligned/ga-chunk3": "91002399bbbd1361a03ab5ed2e539d34bc6ac029390d76686e147da886aeac7c",
+    "synthetic-aligned/native": "938878f2cb60bfcfbb12d4b23c367eadf356a6ad9d1c3716d4b9a3b3f81ab662",
+    "synthetic-aligned/native-binary": "8cb515eb2e8de5a0a8e1955b29ee5763344c74200c370908109e79a3f6f0dc25",
+    "synthetic-aligned/native-nocaps": "e29fe18872dcda227da9f56a39cb9c9510dc0af2d9e7e00d609bb55c69294f10",
 }
 
 

@@ -18,6 +18,9 @@ InputCleared                       ``input_audio_buffer.cleared {client_event_id
 OutputCleared                      ``output_audio_buffer.cleared {response_id: null, client_event_id}``
 HeartbeatAck                       ``session.heartbeat_ack {client_event_id}``
 PlaybackAcknowledged               ``playback.acknowledged {client_event_id, payload}``
+AlignmentHint                      ``input_audio_buffer.alignment {pad_ms, reason}`` (sessions with
+                                   ``duplex.alignment: client`` only; their binary frames also
+                                   carry ``input_samples_end``: ``u32 index | u32 end | PCM16``)
 Error                              ``error {error: message, code, client_event_id, param}``
 SessionClosed                      ``session.closed {session_id, reason}``
 (drain, :meth:`closing_event`)     ``session.closing {session_id, reason}``

@@ -12,6 +12,8 @@ per epoch::
                        response.output_audio_transcript.done, response.content_part.done,
                        response.output_item.done, conversation.item.done (GA only: the beta
                        vocabulary has no such event), response.done, rate_limits.updated
+    AlignmentHint   -> input_audio_buffer.alignment (sessions whose duplex.alignment is
+                       "client" only: stock clients never get it)
 
 ``response.done`` always has ``status: "cancelled"``: a lockstep response only ends because
 the client cancelled it, cleared the output buffer or closed the session, and

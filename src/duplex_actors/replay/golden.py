@@ -1,7 +1,8 @@
 """The golden corpus: short recorded sessions replayed by CI at logic and model level.
 
 ``python -m duplex_actors.replay.golden record replay/`` re-records every scenario (run it when
-behaviour changes on purpose, then review and commit the new logs and ``expected.json``);
+behaviour changes on purpose, then review and commit the new logs and ``expected.json``;
+``--only NAME`` re-records that scenario alone and keeps the other logs and entries as they are);
 ``python -m duplex_actors.replay.golden check replay/`` replays them and compares digests.
 
 Scenarios run in virtual time with fixed session ids, so a re-recording on the same kind of
@@ -42,6 +43,7 @@ class Scenario:
     model: str
     family: str | None
     script: Callable[[Any], Awaitable[None]]
+    tick_policy: str = "window"
 
 
 async def _stream(session: Any, audio: npt.NDArray[np.float32], chunks: list[int]) -> None:
@@ -112,11 +114,68 @@ async def moshi_plain(server: Any) -> None:
     await s.close()
 
 
+async def grid_server_pad(server: Any) -> None:
+    """20 ms chunks at an arbitrary phase on the grid: the server pads by itself (reason
+    start), and again after an input clear (reason clear). Log format 4."""
+    import trio
+
+    s = await server.open_session({"voice": "NATF2.pt"})
+    await trio.sleep(0.0517)
+    audio = speechlike(5, 3.2)
+    await _stream(s, audio[:40_320], [480])
+    await s.clear_input(client_event_id="ci")
+    await trio.sleep(0.0113)
+    await _stream(s, audio[40_320:], [480])
+    await trio.sleep(0.3)
+    await s.close()
+
+
+async def grid_client_hint(server: Any) -> None:
+    """80 ms chunks from a client that opted in (duplex.alignment client): it applies the
+    server's hint (its next chunk early, short by pad_ms, with pad_ms on it); then it stalls and
+    sends its backlog at once, a jitter burst the scheduler catches up or drains. Log format 4."""
+    import trio
+
+    from ..audio import float_to_pcm16
+    from ..session import events as ev
+
+    s = await server.open_session({"voice": "NATM1.pt", "duplex": {"alignment": "client"}})
+    hints: list[int] = []
+
+    async def watch() -> None:
+        async for event in s.events():
+            if isinstance(event, ev.AlignmentHint):
+                hints.append(event.pad_ms)
+
+    pcm = float_to_pcm16(speechlike(6, 4.0))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        await trio.sleep(0.0471)
+        at = 0
+        k = 0
+        while at + 3840 <= len(pcm):
+            pad_ms = hints.pop() if hints else 0
+            n = 2 * (1920 - pad_ms * 24)
+            await s.append_bytes(pcm[at : at + n], "pcm16", pad_ms=pad_ms, client_event_id=f"a{k}")
+            at += n
+            k += 1
+            if k == 20:  # a stall of 5 frames, then the backlog at once
+                await trio.sleep(0.4)
+                for _ in range(5):
+                    await s.append_bytes(pcm[at : at + 3840], "pcm16")
+                    at += 3840
+            await trio.sleep(0.08 - pad_ms / 1000)
+        await trio.sleep(0.3)
+        await s.close()
+
+
 SCENARIOS = [
     Scenario("tiny-greedy", "tiny", None, tiny_greedy),
     Scenario("tiny-seeded-cancel", "tiny", None, tiny_seeded_cancel),
     Scenario("parrot-clears-updates-disconnect", "tiny-parrot", None, parrot_clears_updates_disconnect),
     Scenario("tiny-moshi-family", "tiny", "moshi", moshi_plain),
+    Scenario("tiny-grid-server-pad", "tiny", None, grid_server_pad, "grid"),
+    Scenario("tiny-grid-client-hint", "tiny", None, grid_client_hint, "grid"),
 ]
 
 
@@ -124,7 +183,7 @@ def _golden_id(name: str) -> str:
     return "sess_golden-" + name
 
 
-def record(out_dir: Path) -> dict[str, Any]:
+def record(out_dir: Path, only: list[str] | None = None) -> dict[str, Any]:
     import trio
     import trio.testing
 
@@ -134,7 +193,15 @@ def record(out_dir: Path) -> dict[str, Any]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     expected: dict[str, Any] = {}
+    if only:
+        unknown = set(only) - {s.name for s in SCENARIOS}
+        if unknown:
+            raise ValueError(f"no such scenario: {', '.join(sorted(unknown))}")
+        if (out_dir / EXPECTED).exists():
+            expected = json.loads((out_dir / EXPECTED).read_text())
     for scenario in SCENARIOS:
+        if only and scenario.name not in only:
+            continue
         path = out_dir / f"{_golden_id(scenario.name)}.dlog"
         path.unlink(missing_ok=True)
         engine = open_engine(scenario.model, slots=2, family=scenario.family)
@@ -144,6 +211,7 @@ def record(out_dir: Path) -> dict[str, Any]:
                 engine,
                 log_dir=out_dir,
                 virtual_time=True,
+                tick_policy=scenario.tick_policy,
                 session_ids=lambda: _golden_id(scenario.name),
             ) as server:
                 await scenario.script(server)
@@ -198,9 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m duplex_actors.replay.golden", description=__doc__)
     parser.add_argument("command", choices=["record", "check"])
     parser.add_argument("corpus", type=Path, nargs="?", default=Path("replay"))
+    parser.add_argument("--only", action="append", metavar="NAME", help="record: this scenario alone")
     args = parser.parse_args(argv)
     if args.command == "record":
-        record(args.corpus)
+        record(args.corpus, args.only)
         return 0
     problems = check(args.corpus)
     for p in problems:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ..audio import float_to_pcm16
+from ..audio import FORMATS, float_to_pcm16
 from ..counters import Counters
 from ..errors import code_of
 from ..log import records as r
@@ -208,6 +208,8 @@ class SessionActor:
                 if isinstance(record, r.Append):
                     self._queued_input -= input_samples(record)
                     await self._align(record, self._arrivals.popleft())
+                    if self.core.closed:  # its pad or hint could not be logged: the session ended
+                        break
                 await self._handle(record)
                 self._commands_done = self.inbox.commands_taken
                 self._progress.set()
@@ -255,9 +257,10 @@ class SessionActor:
     async def _align(self, record: r.Append, arrival: float) -> None:
         """Ask the aligner about an append about to be logged; log its pad or hint first."""
         tail, self._tail_before_pad = self._tail_before_pad, None
-        if len(record.audio) == 0 or self.core.state not in (State.OPEN, State.RESPONDING):
-            return
-        if self.core.refusal_for(record) is not None:
+        width = FORMATS.get(record.format)
+        if not record.audio or width is None or len(record.audio) % width:
+            return  # the core refuses it (bad_event, bad_audio): it is no audio to align
+        if self.core.state not in (State.OPEN, State.RESPONDING) or self.core.refusal_for(record) is not None:
             return
         decision = self.aligner.before_append(
             arrival,
