@@ -190,7 +190,14 @@ async def test_output_never_exceeds_input_and_comes_in_whole_frames(parrot_serve
         for k, d in enumerate(deltas):
             assert len(base64.b64decode(d["delta"])) == FRAME_PCM16_BYTES
             assert d["sample_rate_hz"] == 24000
-            assert d["metadata"] == {"epoch": 0, "frame_index": k, "audio_duration_ms": 80}
+            # input_samples_end (spec section 7): no pads here, so the end of input frame k
+            meta = {
+                "epoch": 0,
+                "frame_index": k,
+                "audio_duration_ms": 80,
+                "input_samples_end": (k + 1) * 1920,
+            }
+            assert d["metadata"] == meta
         assert len({d["response_id"] for d in deltas}) == 1
         types = c.types()
         first = types.index("response.created")

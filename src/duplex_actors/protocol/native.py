@@ -39,8 +39,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal, cast
 
 from ..session import events as ev
-from ..session.core import alignment_mode
-from ..session.events import MAX_TRANSCRIPT_CHARS
+from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
 from . import events as wire
 from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, parse_client_binary
 from .errors import ProtocolError, clip

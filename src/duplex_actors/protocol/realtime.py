@@ -47,8 +47,7 @@ import attrs
 
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..session import events as ev
-from ..session.core import alignment_mode
-from ..session.events import MAX_TRANSCRIPT_CHARS
+from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
 from . import events as wire
 from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
 from .errors import ProtocolError, clip, error_type

@@ -37,6 +37,7 @@ from ..audio import FORMATS, FRAME_SAMPLES, SAMPLE_RATE, AudioError, InputStream
 from ..errors import CodedError, code_of
 from ..log import records as r
 from . import events as ev
+from .events import alignment_mode
 
 SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
 SAMPLING_KEYS = ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
@@ -107,13 +108,6 @@ PAD_REASONS: Final = frozenset({"start", "clear", "drift", "margin", "client"})
 HINT_REASONS: Final = frozenset({"start", "clear", "drift", "margin"})
 # Output frames state ``input_samples_end`` from this log format version on.
 POSITIONS_FORMAT: Final = 4
-
-
-def alignment_mode(config: Mapping[str, Any]) -> str:
-    """The session's ``duplex.alignment`` (``server`` when absent)."""
-    duplex = config.get("duplex")
-    mode = duplex.get("alignment") if isinstance(duplex, Mapping) else None
-    return mode if isinstance(mode, str) else "server"
 
 
 def _check_duplex(config: Mapping[str, Any]) -> None:

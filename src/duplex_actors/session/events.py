@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
@@ -141,6 +142,14 @@ SessionEvent = (
     | SessionClosed
     | AlignmentHint
 )
+
+
+def alignment_mode(config: Mapping[str, Any]) -> str:
+    """A session config's ``duplex.alignment`` (``server`` when absent), which decides whether
+    the projections send ``AlignmentHint`` (here so that the wire layer reads it as the core does)."""
+    duplex = config.get("duplex")
+    mode = duplex.get("alignment") if isinstance(duplex, Mapping) else None
+    return mode if isinstance(mode, str) else "server"
 
 
 def event_name(event: SessionEvent) -> str:
