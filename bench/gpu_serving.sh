@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command for the lent GPU machine (Python 3.12, torch 2.11, no moshi, no duplex_actors,
-# no server stack): serve the full-size random-weight PersonaPlex architecture and run
-# `duplex-load --ramp --sync-start` against it (bench/gpu_serving.py), within 5 minutes.
+# no server stack): serve the full-size random-weight PersonaPlex architecture and run issue 12's
+# arms against it at the largest B whose p90 step fits (bench/gpu_serving.py; `--mode ramp`: the
+# former `duplex-load --ramp --sync-start`), within 5 minutes.
 #
 # First, here (fills the git-ignored .whl/ with cp312 wheels: bench/gpu_wheels.sh's moshi set
 # plus the server and client stack below, ~25 MiB in all):

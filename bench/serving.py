@@ -2,24 +2,25 @@
 
 One command, three measurements side by side in one run:
 
-1. **Largest N sustained in real time.** (a) Batched: one ``duplex-actors serve`` process
-   batching N sessions. A MoshiEngine steps its whole fixed batch whatever the number of active
-   sessions, so a server with more slots than sessions pays for idle slots: every N tried gets
-   a fresh server with exactly N slots (``--max-sessions N``), and N runs 1, 2, 4, 8, 16, ...
-   until real time breaks, then bisects (each bisection point again on a server of its size).
-   (b) The serving model of moshi's and PersonaPlex's own servers, one session per model
-   instance: K server processes with ``--max-sessions 1``, one session each, K = 1, 2, 3, ...
-   until real time breaks; K concurrent ``duplex-load --sessions 1`` processes, one per port,
-   and the K-process configuration holds iff every process holds. Both with the same tiny
-   checkpoint, the same load tool (``duplex-load``: its session code, analysis and criteria:
-   coverage >= 0.99, round-trip p99 <= 80 ms, no lost frame, every session opened), the same
-   seconds per trial, ``--torch-threads 1`` per server, and one retry of a trial that broke (as
-   ``duplex-load --ramp`` does by default).
-
-   Start phases: *sync* (``--sync-start``: every stream starts on the same instant; for the K
-   processes the harness gives every ``duplex-load`` the same start instant through a barrier,
-   see ``_load_child``) and *spread* (``duplex-load``'s default: session i of N starts at
-   i*80/N ms; for K processes, process i at i*80/K ms).
+1. **Largest N sustained in real time, per arm** (issue 12, "What it must show"). An arm is a
+   server tick policy (``--tick-policy``) and what ``duplex-load`` sends (``--chunk-ms``,
+   ``--phases``, ``--align``, ``--jitter``): window/sync (the reference), window/spread,
+   deadline/spread, grid + client alignment with 80 ms chunks at spread phases, grid + server
+   padding with 20 ms chunks at random phases, grid unaligned at spread phases, K processes x 1
+   slot at spread phases (the control: the serving model of moshi's and PersonaPlex's own
+   servers, K ``duplex-load --sessions 1`` processes, process i starting at i*80/K ms through a
+   barrier, see ``_load_child``), and the figures of the clients that are not aligned (80 ms at
+   random phases without opting in; 100 ms chunks) and of a WAN-like jitter run (jitter and late
+   bursts injected by the load client). A MoshiEngine steps its whole fixed batch whatever the
+   number of active sessions, so every N tried gets a fresh server with exactly N slots
+   (``--max-sessions N``); N runs 1, 2, 4, 8, ... until real time breaks, then bisects (K: 1, 2,
+   3, ...). Criteria (``duplex-load``'s): coverage >= 0.99, latency p99 <= 80 ms (per output
+   frame: arrival minus the send time of the chunk holding the sample at its
+   ``input_samples_end``), no lost frame, every session opened; one retry of a trial that broke;
+   ``--torch-threads 1`` per server. Per trial also: steps per tick (docs/operations.md's
+   definition), the added wait (``duplex_frame_wait_seconds``), catch-up steps, alignment pad
+   seconds and drained frames, from /metrics deltas; then issue 12's targets, met or not.
+   ``--arms a,b`` runs a subset; ``--smoke 2`` one short trial of each arm at N=2, no ramp.
 
 2. **Framework overhead per frame** (in process, as ``bench/actors.py``): the bare
    ``engine.step`` for B slots against a lockstep tick through ``open_duplex_server`` (every
@@ -32,7 +33,8 @@ One command, three measurements side by side in one run:
    has never seen (its prefill snapshot is computed); warm: the same persona again (the
    snapshot is pasted). Median of ``--reps``.
 
-    .venv/bin/python bench/serving.py [--seconds 10] [--no-spread] [--quick]
+    .venv/bin/python bench/serving.py [--seconds 10] [--arms grid-client-80,window-sync] [--quick]
+    .venv/bin/python bench/serving.py --skip overhead,first --smoke 2 --seconds 3 --wait-quiet 0
 
 Every server started is stopped (SIGTERM, then SIGKILL) in ``finally`` blocks.
 """
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -250,10 +253,12 @@ def running(servers: list[Server]) -> Iterator[list[Server]]:
 
 
 # -- duplex-load runs --------------------------------------------------------------------------
-def load_cmd(url: str, sessions: int, seconds: float, out: Path, sync: bool) -> list[str]:
+def load_cmd(
+    url: str, sessions: int, seconds: float, out: Path, sync: bool, extra: Sequence[str] = ()
+) -> list[str]:
     cmd = [
         sys.executable, "-m", "duplex_actors.client.load", "--url", url, "--sessions", str(sessions),
-        "--seconds", f"{seconds:g}", "--out", str(out),
+        "--seconds", f"{seconds:g}", "--out", str(out), *extra,
     ]  # fmt: skip
     return [*cmd, "--sync-start"] if sync else cmd
 
@@ -297,6 +302,17 @@ def summarize(reports: list[dict[str, Any]], extra: dict[str, Any] | None = None
         "rtt_p50": agg(lambda a: a["round_trip_ms"]["p50"], max),
         "rtt_p99": agg(lambda a: a["round_trip_ms"]["p99"], max),
         "rtt_max": agg(lambda a: a["round_trip_ms"]["max"], max),
+        "lat_p50": agg(lambda a: a["latency_ms"]["p50"], max),
+        "lat_p99": agg(lambda a: a["latency_ms"]["p99"], max),
+        "latency_source": next((a.get("latency_source") for a in aggs if a.get("latency_source")), None),
+        "steps_per_tick": agg(lambda a: a["server_steps_per_tick"], lambda v: float(np.mean(v))),
+        "wait_ms": agg(lambda a: a["server_wait_ms_mean"], lambda v: float(np.mean(v))),
+        "wait_p99_le": agg(lambda a: a["server_wait_ms_p99_le"], max),
+        "catchups": agg(lambda a: a["server_catchup_steps"], sum),
+        "pad_s": agg(lambda a: a["server_align_pad_s"], sum),
+        "drained": agg(lambda a: a["server_drained_frames"], sum),
+        "hints": agg(lambda a: a["alignment_hints"], sum),
+        "pads_applied": agg(lambda a: a["client_pads_applied"], sum),
         "lost": agg(lambda a: a["lost_frames"], sum),
         "failed": agg(lambda a: a["failed_sessions"], sum),
         "step_ms": agg(lambda a: a["server_step_ms_mean"], lambda v: float(np.mean(v))),
@@ -306,17 +322,21 @@ def summarize(reports: list[dict[str, Any]], extra: dict[str, Any] | None = None
     }
 
 
-def run_batched_trial(server: Server, n: int, seconds: float, out: Path, sync: bool) -> dict[str, Any]:
+def run_batched_trial(
+    server: Server, n: int, seconds: float, out: Path, sync: bool, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     server.wait_idle()
     meter = CpuMeter([server])
     proc = subprocess.run(
-        load_cmd(server.url, n, seconds, out, sync),
+        load_cmd(server.url, n, seconds, out, sync, extra),
         capture_output=True, text=True, env=child_env(), timeout=seconds + 120, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     return summarize([read_load(out, proc)], {"other_cpu": meter.other_pct()})
 
 
-def run_processes_trial(servers: list[Server], seconds: float, out: Path, sync: bool) -> dict[str, Any]:
+def run_processes_trial(
+    servers: list[Server], seconds: float, out: Path, sync: bool, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     """K ``duplex-load --sessions 1`` processes, one per server, started on a common instant
     (sync) or process i at i*80/K ms (spread)."""
     k = len(servers)
@@ -331,7 +351,7 @@ def run_processes_trial(servers: list[Server], seconds: float, out: Path, sync: 
             offset_ms = 0.0 if sync else i * TICK_MS / k
             cmd = [
                 sys.executable, str(Path(__file__).resolve()), "_load_child", str(barrier), str(i), str(k),
-                f"{offset_ms:.6f}", "--", *load_cmd(s.url, 1, seconds, out / f"p{i}", sync)[3:],
+                f"{offset_ms:.6f}", "--", *load_cmd(s.url, 1, seconds, out / f"p{i}", sync, extra)[3:],
             ]  # fmt: skip
             procs.append(
                 subprocess.Popen(
@@ -367,8 +387,8 @@ def run_processes_trial(servers: list[Server], seconds: float, out: Path, sync: 
         info = out / f"p{i}" / "child.json"
         if info.exists():
             late.append(json.loads(info.read_text())["late_ms"])
-    extra = {"start_late_ms": max(late) if late else None, "other_cpu": meter.other_pct()}
-    return summarize(reports, extra)
+    figures = {"start_late_ms": max(late) if late else None, "other_cpu": meter.other_pct()}
+    return summarize(reports, figures)
 
 
 def _load_child(argv: list[str]) -> int:
@@ -485,46 +505,187 @@ def with_retry(run: Callable[[int], dict[str, Any]], retries: int) -> Callable[[
     return test
 
 
-def capacity(
-    model: str, seconds: float, sync: bool, max_n: int, max_k: int, retries: int, workdir: Path,
-    log: Callable[[str], None], pool: list[Server],
-) -> dict[str, Any]:  # fmt: skip
-    mode = "sync" if sync else "spread"
-    result: dict[str, Any] = {"mode": mode, "batched_cap": max_n, "processes_cap": max_k}
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One served configuration of issue 12's "What it must show": a tick policy on the server
+    and what ``duplex-load`` sends (chunk size, start phases, ``duplex.alignment``, injected
+    jitter); ``processes``: K servers of one slot, one session each (the control)."""
 
-    # (a) one process batching N sessions, on a server of N slots.
+    name: str
+    label: str
+    policy: str = "grid"
+    phases: str = "spread"
+    chunk_ms: int = 80
+    align: str = "client"
+    jitter: str = "loopback"
+    processes: bool = False
+
+    def load_args(self, seed: int) -> list[str]:
+        args = ["--phases", self.phases, "--chunk-ms", str(self.chunk_ms), "--align", self.align]
+        args += ["--jitter", self.jitter, "--seed", str(seed)]
+        return args
+
+    def server_args(self) -> list[str]:
+        return ["--tick-policy", self.policy]
+
+
+ARMS: tuple[Arm, ...] = (
+    Arm("window-sync", "window, sync starts (the reference)", "window", "sync"),
+    Arm("window-spread", "window, spread", "window"),
+    Arm("deadline-spread", "deadline, spread", "deadline"),
+    Arm("grid-client-80", "grid + client alignment, 80 ms chunks, spread"),
+    Arm("grid-server-20", "grid + server padding, 20 ms chunks, random phases", phases="random", chunk_ms=20),
+    Arm("grid-unaligned", "grid unaligned (alignment off), 80 ms, spread", align="off"),
+    Arm("processes", "K processes x 1 slot, spread (the control)", "window", processes=True),
+    Arm("grid-80-no-opt-in", "grid, 80 ms, random phases, no opt-in", phases="random", align="none"),
+    Arm("grid-100", "grid, 100 ms chunks, spread (never aligned)", chunk_ms=100),
+    Arm("grid-client-80-wan", "grid + client alignment, 80 ms, random phases, WAN jitter", phases="random",
+        jitter="wan"),
+)  # fmt: skip
+ARM_NAMES = tuple(a.name for a in ARMS)
+
+
+def run_arm(
+    arm: Arm, model: str, seconds: float, cap: int, retries: int, seed: int, workdir: Path,
+    log: Callable[[str], None], pool: list[Server], only: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The arm's ramp (n = 1, 2, 4, ... then bisection; a fresh server of n slots per n: a
+    MoshiEngine steps all its slots), or one trial at ``only`` sessions (the smoke)."""
+    sync = arm.phases == "sync"
+    extra = arm.load_args(seed)
+
     def batched(n: int) -> dict[str, Any]:
-        server = Server(model, n, workdir, f"{mode}-batched-S{n}")
+        server = Server(model, n, workdir, f"{arm.name}-S{n}", arm.server_args())
         with running([server]):
             row = with_retry(
-                lambda a: run_batched_trial(server, n, seconds, workdir / f"{mode}-batched-N{n}-a{a}", sync),
+                lambda a: run_batched_trial(
+                    server, n, seconds, workdir / f"{arm.name}-N{n}-a{a}", sync, extra
+                ),
                 retries,
             )(n)
         row.update(n=n, slots=n, ready_s=server.ready_s)
         return row
 
-    log(f"[{mode}] batched: one server process, N sessions on N slots")
-    t0 = time.perf_counter()
-    result["batched"], result["batched_rows"] = ramp(batched, max_n, lambda n: n * 2, log)
-    result["batched_s"] = time.perf_counter() - t0
-
-    # (b) K processes of one slot each; the servers stay up across K (idle ones cost no CPU).
     def processes(k: int) -> dict[str, Any]:
         while len(pool) < k:
-            pool.append(Server(model, 1, workdir, f"single-{len(pool)}"))
+            pool.append(Server(model, 1, workdir, f"single-{len(pool)}", arm.server_args()))
         wait_ready(pool[:k])
         row = with_retry(
-            lambda a: run_processes_trial(pool[:k], seconds, workdir / f"{mode}-processes-K{k}-a{a}", sync),
+            lambda a: run_processes_trial(pool[:k], seconds, workdir / f"{arm.name}-K{k}-a{a}", sync, extra),
             retries,
         )(k)
         row.update(n=k, slots=1)
         return row
 
-    log(f"[{mode}] one session per process: K servers with --max-sessions 1")
+    test = processes if arm.processes else batched
     t0 = time.perf_counter()
-    result["processes"], result["processes_rows"] = ramp(processes, max_k, lambda k: k + 1, log)
-    result["processes_s"] = time.perf_counter() - t0
-    return result
+    log(f"[{arm.name}] {arm.label}")
+    if only is not None:
+        row = test(only)
+        log(
+            f"  n={only}: {'held' if row['held'] else 'broke: ' + '; '.join(row['reasons'])} "
+            f"(latency p99 {fmt(row['lat_p99'])} ms, steps/tick {fmt(row['steps_per_tick'], '.3f')}, "
+            f"wait {fmt(row['wait_ms'])} ms)"
+        )
+        largest, rows = (only if row["held"] else 0), [row]
+    else:
+        largest, rows = ramp(test, cap, (lambda k: k + 1) if arm.processes else (lambda n: n * 2), log)
+    return {
+        **dataclasses.asdict(arm),
+        "cap": cap,
+        "largest": largest,
+        "rows": rows,
+        "at_largest": next((r for r in reversed(rows) if r["n"] == largest and r["held"]), None),
+        "s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def arm_checks(arms: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
+    """Issue 12's targets over the arms measured: (what, measured, met; None: not measured)."""
+    out: list[tuple[str, str, bool | None]] = []
+
+    def largest(name: str) -> int | None:
+        return arms[name]["largest"] if name in arms else None
+
+    def at(name: str, key: str) -> float | None:
+        row = arms.get(name, {}).get("at_largest")
+        return None if row is None else row.get(key)
+
+    ref, control = largest("window-sync"), largest("processes")
+    for name, wait_bound in (("grid-client-80", 6.0), ("grid-server-20", 16.0)):
+        n = largest(name)
+        if n is None:
+            continue
+        if ref:
+            out.append((f"{name}: N >= 0.9 x sync reference ({ref})", str(n), n >= 0.9 * ref))
+        if control:
+            out.append((f"{name}: N >= 3 x K processes ({control})", str(n), n >= 3 * control))
+        spt, wait = at(name, "steps_per_tick"), at(name, "wait_ms")
+        out.append(
+            (
+                f"{name}: steps per tick <= 1.05 at its largest N",
+                fmt(spt, ".3f"),
+                None if spt is None else spt <= 1.05,
+            )
+        )
+        out.append(
+            (
+                f"{name}: mean added wait <= {wait_bound:g} ms",
+                fmt(wait),
+                None if wait is None else wait <= wait_bound,
+            )
+        )
+    if ref is not None:
+        out.append(
+            ("window-sync: N within 1 of 24 (no regression for aligned starts)", str(ref), abs(ref - 24) <= 1)
+        )
+    return out
+
+
+def print_arms(arms: dict[str, dict[str, Any]], seconds: float, smoke: bool = False) -> None:
+    print(
+        f"Trials: {seconds:g} s of synthetic speech per session; held = coverage >= 0.99, latency p99 <= "
+        "80 ms (per output frame: its arrival minus the send time of the chunk holding the sample at its "
+        "input_samples_end), 0 lost; a broken trial retried once ('#2'). steps/tick = "
+        "duplex_step_duration_seconds_count x sessions / duplex_batch_size_sum (deltas over the trial); "
+        "wait = duplex_frame_wait_seconds mean (p99 bucket bound); pad s = duplex_align_pad_seconds_total."
+    )
+    print()
+    print(
+        "| arm | N | held | coverage | latency p50 ms | latency p99 ms | rtt p99 ms | lost | step ms | steps/tick "
+        "| wait ms mean | wait p99 <= ms | catch-ups | pad s | drained | hints (applied) | other CPU % | why not |"
+    )
+    print("|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, res in arms.items():
+        for r in sorted(res["rows"], key=lambda r: (r["n"], r.get("attempt", 1))):
+            attempt = " (#2)" if r.get("attempt", 1) > 1 else ""
+            n = f"{r['n']} x 1" if res["processes"] else str(r["n"])
+            why = "; ".join(r["reasons"])[:140]
+            print(
+                f"| {name} | {n} | {'yes' if r['held'] else 'no'}{attempt} | {fmt(r['coverage'], '.3f')} "
+                f"| {fmt(r['lat_p50'])} | {fmt(r['lat_p99'])} | {fmt(r['rtt_p99'])} | {fmt(r['lost'], '.0f')} "
+                f"| {fmt(r['step_ms'])} | {fmt(r['steps_per_tick'], '.3f')} | {fmt(r['wait_ms'])} "
+                f"| {fmt(r['wait_p99_le'], '.0f')} | {fmt(r['catchups'], '.0f')} | {fmt(r['pad_s'], '.2f')} "
+                f"| {fmt(r['drained'], '.0f')} | {fmt(r['hints'], '.0f')} ({fmt(r['pads_applied'], '.0f')}) "
+                f"| {fmt(r.get('other_cpu'), '.0f')} | {why} |"
+            )
+    print()
+    print("| arm | what | largest N held | steps/tick there | wait ms there | latency p99 there |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, res in arms.items():
+        top = res["at_largest"] or {}
+        capped = " (ramp cap)" if res["largest"] == res["cap"] and res["cap"] else ""
+        print(
+            f"| {name} | {res['label']} | {res['largest']}{capped} | {fmt(top.get('steps_per_tick'), '.3f')} "
+            f"| {fmt(top.get('wait_ms'))} | {fmt(top.get('lat_p99'))} |"
+        )
+    checks = [] if smoke else arm_checks(arms)
+    if checks:
+        print()
+        print("| target (issue 12) | measured | met |")
+        print("|---|---:|:---:|")
+        for what, got, ok in checks:
+            print(f"| {what} | {got} | {'-' if ok is None else 'yes' if ok else 'NO'} |")
 
 
 # -- 2. framework overhead ---------------------------------------------------------------------
@@ -724,54 +885,6 @@ def machine_lines() -> list[str]:
     ]
 
 
-def print_capacity(results: list[dict[str, Any]], seconds: float) -> None:
-    print(
-        f"Trials: {seconds:g} s of synthetic speech per session, criteria coverage >= 0.99, round-trip "
-        "p99 <= 80 ms, 0 lost; a broken trial retried once ('#2'). p99/max/p50: worst over the "
-        "processes for K; step ms: the server's mean engine step (/metrics), averaged over processes; "
-        "load gen CPU: duplex-load's own (summed over processes), % of one core; other procs CPU: "
-        "CPU used meanwhile by processes outside this benchmark, % of one core (0 on a quiet machine)."
-    )
-    print()
-    print(
-        "| start | serving | sessions | server slots | held | coverage | rtt p50 ms | rtt p99 ms "
-        "| rtt max ms | lost | server step ms | load gen CPU % | other procs CPU % | why not |"
-    )
-    print("|---|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for res in results:
-        for kind, label in (
-            ("batched_rows", "1 process, batched"),
-            ("processes_rows", "K processes x 1 slot"),
-        ):
-            for r in sorted(res.get(kind, []), key=lambda r: r["n"]):
-                slots = f"{r['slots']}" if kind == "batched_rows" else f"{r['n']} x 1"
-                why = "; ".join(r["reasons"])[:160]
-                if r.get("disturbed_reruns"):
-                    why = f"({r['disturbed_reruns']} disturbed run(s) discarded) {why}".strip()
-                attempt = " (#2)" if r.get("attempt", 1) > 1 else ""
-                print(
-                    f"| {res['mode']} | {label} | {r['n']} | {slots} | {'yes' if r['held'] else 'no'}{attempt} "
-                    f"| {fmt(r['coverage'], '.3f')} | {fmt(r['rtt_p50'])} | {fmt(r['rtt_p99'])} "
-                    f"| {fmt(r['rtt_max'])} | {fmt(r['lost'], '.0f')} | {fmt(r['step_ms'])} "
-                    f"| {fmt(r['client_cpu'])} | {fmt(r.get('other_cpu'), '.0f')} | {why} |"
-                )
-    print()
-    print("| start phases | largest N, 1 process batching | largest K, K processes x 1 session | ratio N/K |")
-    print("|---|---:|---:|---:|")
-    for res in results:
-        if "processes" not in res:
-            continue
-        n, k = res["batched"], res["processes"]
-        ratio = f"{n / k:.2f}" if k else "-"
-        n_capped, k_capped = n == res["batched_cap"], k == res["processes_cap"]
-        if n_capped != k_capped and k:
-            ratio = (">= " if n_capped else "<= ") + ratio
-        n_txt = f">= {n} (ramp cap)" if n_capped else str(n)
-        k_txt = f">= {k} (ramp cap)" if k_capped else str(k)
-        label = "sync (`--sync-start`)" if res["mode"] == "sync" else "spread (default)"
-        print(f"| {label} | {n_txt} | {k_txt} | {ratio} |")
-
-
 def print_overhead(rows: list[dict[str, Any]], ticks: int, rounds: int) -> None:
     print(
         f"{ticks} timed lockstep ticks per run, {rounds} runs each with fsync on and off (alternating "
@@ -823,17 +936,22 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_load_child"]:
         return _load_child(argv[1:])
+    # SIGTERM runs the finally blocks too (every server started is stopped).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--seconds", type=float, default=10.0, help="audio per session per trial")
     parser.add_argument("--max-n", type=int, default=32, help="batched ramp cap (sessions = slots)")
     parser.add_argument("--max-k", type=int, default=8, help="K-process ramp cap")
     parser.add_argument("--retries", type=int, default=1, help="re-runs of a trial that broke")
-    parser.add_argument("--no-spread", action="store_true", help="only --sync-start trials")
     parser.add_argument(
-        "--spread-after", type=float, default=480.0,
-        help="skip the spread-start trials if the run has taken longer than this (s, not counting "
-        "waits for a quiet machine); their batched ramp stops at the sync result",
+        "--arms", default="all",
+        help=f"part 1: comma list of arms to run (default all): {', '.join(ARM_NAMES)}",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="part 1: seed of random phases and jitter")
+    parser.add_argument(
+        "--smoke", type=int, default=None, metavar="N",
+        help="part 1: one trial of each arm at N sessions (K = N processes), no ramp, no retry",
     )  # fmt: skip
     parser.add_argument("--batches", default="1,4,8,16", help="part 2: batch sizes")
     parser.add_argument("--ticks", type=int, default=60, help="part 2: timed ticks per run")
@@ -855,6 +973,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seconds, args.max_n, args.max_k, args.ticks, args.reps, args.rounds = 3.0, 4, 2, 20, 1, 1
         args.batches = "1,4"
+    chosen = ARM_NAMES if args.arms == "all" else tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    unknown = [a for a in chosen if a not in ARM_NAMES]
+    if unknown:
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; arms: {', '.join(ARM_NAMES)}")
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     started = time.perf_counter()
 
@@ -862,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     QUIET.update(pct=args.quiet_pct, wait=args.wait_quiet, log=log)
+    if args.smoke:
+        QUIET["reruns"] = 0  # a smoke proves the script works; a disturbed trial is not rerun
     busy = wait_quiet(args.quiet_pct, args.wait_quiet, log) if args.wait_quiet > 0 else None
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
@@ -886,37 +1010,19 @@ def main(argv: list[str] | None = None) -> int:
             meter = CpuMeter([])
             results["overhead"] = overhead(args.model, batches, args.ticks, args.warmup, args.rounds, workdir)
             results["overhead_other_cpu"] = meter.other_pct()
-        caps: list[dict[str, Any]] = []
-        results["capacity"] = caps
+        arms: dict[str, dict[str, Any]] = {}
+        results["arms"] = arms
         if "capacity" not in skip:
-            log("part 1: largest N in real time, --sync-start")
-            caps.append(
-                capacity(
-                    args.model, args.seconds, True, args.max_n, args.max_k, args.retries, workdir, log, pool
-                )
-            )
-            if not args.no_spread:
-                if time.perf_counter() - started - QUIET["waited_s"] > args.spread_after:
-                    log(f"spread-start trials skipped: past --spread-after {args.spread_after:g} s")
-                    results["spread_skipped"] = True
-                else:
-                    log("part 1: largest N in real time, spread starts")
-                    # Spread starts fragment batches: they cannot do better than sync, so the
-                    # batched ramp stops at the sync result (a hold there reads ">=").
-                    spread_cap = max(1, min(args.max_n, caps[0]["batched"]))
-                    caps.append(
-                        capacity(
-                            args.model,
-                            args.seconds,
-                            False,
-                            spread_cap,
-                            args.max_k,
-                            args.retries,
-                            workdir,
-                            log,
-                            pool,
-                        )
-                    )
+            log("part 1: the arms (issue 12), largest N in real time each")
+            for arm in ARMS:
+                if arm.name not in chosen:
+                    continue
+                arms[arm.name] = run_arm(
+                    arm, args.model, args.seconds, args.max_k if arm.processes else args.max_n,
+                    0 if args.smoke else args.retries, args.seed, workdir, log, pool, only=args.smoke,
+                )  # fmt: skip
+                stop_all(pool)  # the K single-slot servers of the control
+                pool.clear()
     finally:
         stop_all(pool)
         if args.keep:
@@ -937,10 +1043,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"other processes' CPU during this part: {results['overhead_other_cpu']:.0f}% of one core")
         print()
-    if results["capacity"]:
-        print("### Largest N sustained in real time")
+    if results["arms"]:
+        print("### Largest N sustained in real time, per arm")
         print()
-        print_capacity(results["capacity"], args.seconds)
+        print_arms(results["arms"], args.seconds, smoke=bool(args.smoke))
         print()
     total = time.perf_counter() - started
     results["total_s"] = total

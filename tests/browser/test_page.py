@@ -306,3 +306,68 @@ def test_refusals_in_plain_words(keyed_server: ServerProcess, browser: Any) -> N
         lambda d: d.find_element(By.ID, "state").get_attribute("data-state") == "closed",
         15,
     )
+
+
+WORKLET = (
+    Path(__file__).resolve().parents[2] / "src" / "duplex_actors" / "web" / "static" / "capture-worklet.js"
+)
+WORKLET_HARNESS = """
+const fs = require("fs");
+let Cls;
+const posted = [];
+globalThis.sampleRate = 24000;
+globalThis.AudioWorkletProcessor = class {
+  constructor() { this.port = { postMessage: (m) => posted.push(m), onmessage: null }; }
+};
+globalThis.registerProcessor = (name, cls) => { Cls = cls; };
+eval(fs.readFileSync(process.argv[2], "utf8"));
+const p = new Cls();
+let k = 0;
+const fed = [];
+function block(n) {
+  const x = new Float32Array(n);
+  for (let i = 0; i < n; i++) { x[i] = ((k++ % 97) - 48) / 100; fed.push(x[i]); }
+  p.process([[x]], [[new Float32Array(n)]]);
+}
+const [padAt, padMs] = [Number(process.argv[3]), Number(process.argv[4])];
+for (let i = 0; i < 100; i++) {
+  if (i === padAt) p.port.onmessage({ data: { pad: padMs } });
+  block(128);
+}
+const frames = posted.map((m) => Array.from(new Int16Array(m.pcm)));
+console.log(JSON.stringify({ sizes: frames.map((f) => f.length), pads: posted.map((m) => m.padMs),
+                             samples: [].concat(...frames) }));
+"""
+
+
+@pytest.mark.parametrize(("pad_at", "pad_ms"), [(20, 30), (33, 30), (20, 79)])
+def test_capture_worklet_applies_an_alignment_pad(tmp_path: Path, pad_at: int, pad_ms: int) -> None:
+    """The hint, in the worklet alone (node, no browser): the next frame is posted early with
+    80 - pad_ms ms of audio and padMs on it, later frames are 80 ms, no sample is lost or moved.
+    Hinted before block 20, 640 samples of the frame are filled: with 30 ms the frame is posted
+    once 1200 are, with 79 ms (24 samples) at once, the 616 beyond starting the next frame;
+    before block 33, 384 are filled."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node")
+    harness = tmp_path / "harness.cjs"
+    harness.write_text(WORKLET_HARNESS)
+    proc = subprocess.run(
+        [node, str(harness), str(WORKLET), str(pad_at), str(pad_ms)],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    out = json.loads(proc.stdout)
+    short = 1920 - pad_ms * 24
+    i = out["sizes"].index(short)
+    assert out["pads"][i] == pad_ms and out["pads"].count(0) == len(out["pads"]) - 1
+    assert out["sizes"][:i] == [1920] * i and out["sizes"][i + 1 :] == [1920] * (len(out["sizes"]) - i - 1)
+    # the pad hint came after block pad_at: the short frame is the one being filled then
+    assert i == (pad_at * 128) // 1920
+    # every sample in order (the worklet's linear interpolation at 24 kHz is the identity)
+    expected = [
+        round(((j % 97) - 48) / 100 * (32768 if j % 97 < 48 else 32767)) for j in range(len(out["samples"]))
+    ]
+    assert out["samples"] == expected

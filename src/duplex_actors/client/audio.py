@@ -197,9 +197,14 @@ _APPEND_HEAD, _APPEND_TAIL = dumps(
 ).split("\\u0000")
 
 
-def append_message(audio: bytes) -> str:
-    """``input_audio_buffer.append`` JSON text carrying ``audio`` (already in the session format)."""
-    return _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
+def append_message(audio: bytes, pad_ms: int | None = None) -> str:
+    """``input_audio_buffer.append`` JSON text carrying ``audio`` (already in the session format);
+    ``pad_ms`` (alignment, wire-protocol section 7): the server inserts that much silence before
+    this append's audio."""
+    text = _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
+    if pad_ms is None:
+        return text
+    return text[:-1] + f',"pad_ms":{int(pad_ms)}}}'
 
 
 # -- formats ------------------------------------------------------------------------------------
@@ -301,9 +306,10 @@ def to_wire_bytes(samples: AudioInput, input_format: str = "pcm16") -> bytes:
 
 @attrs.frozen
 class EncodedAudio:
-    """Audio pre-encoded as ``input_audio_buffer.append`` messages, one per 80 ms frame (the last
-    may be shorter). Encode once and stream it many times (``duplex-load`` shares one between
-    all its sessions).
+    """Audio pre-encoded as ``input_audio_buffer.append`` messages, one per chunk of
+    ``chunk_samples`` (default one 80 ms frame; the last may be shorter). Encode once and stream
+    it many times (``duplex-load`` shares one between all its sessions). ``data``: the wire bytes
+    of the whole stream, from which a client that follows an alignment hint cuts its chunks anew.
 
     ``ready_frames[i]``: the whole 24 kHz model frames the server can have after message ``i``
     (computed with the server's own resampler). Equal to ``i + 1`` at 24 kHz; at any other rate
@@ -315,10 +321,18 @@ class EncodedAudio:
     input_format: str
     sample_rate_hz: int = SAMPLE_RATE
     ready_frames: tuple[int, ...] | None = None
+    chunk_samples: int | None = None  # None: one 80 ms frame
+    data: bytes = attrs.field(default=b"", repr=False)
 
     @property
     def frames(self) -> int:
+        """Messages (one per 80 ms frame unless ``chunk_samples`` says otherwise)."""
         return len(self.messages)
+
+    @property
+    def chunk(self) -> int:
+        """Samples per message (at ``sample_rate_hz``)."""
+        return self.frame_samples if self.chunk_samples is None else self.chunk_samples
 
     @property
     def frame_samples(self) -> int:
@@ -362,4 +376,6 @@ def encode_audio(
     step = (rate * FRAME_MS // 1000 if frame_samples is None else frame_samples) * width
     chunks = [data[i : i + step] for i in range(0, len(data), step)]
     messages = tuple(append_message(c) for c in chunks)
-    return EncodedAudio(messages, len(data) // width, fmt, rate, ready_frames(chunks, fmt, rate))
+    return EncodedAudio(
+        messages, len(data) // width, fmt, rate, ready_frames(chunks, fmt, rate), step // width, data
+    )

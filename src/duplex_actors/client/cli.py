@@ -188,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beta", action="store_true", help="ask for OpenAI's beta event names")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     parser.add_argument(
+        "--align",
+        choices=("client", "off"),
+        default="client",
+        help="alignment to the server's tick (wire-protocol section 7): client (default: opt in and "
+        "follow the server's hints, sending a chunk pad_ms early) or off (the session is never padded)",
+    )
+    parser.add_argument(
         "--input-format",
         type=input_format_arg,
         default=input_format_arg("pcm16"),
@@ -248,6 +255,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
             beta=args.beta,
             queue_events=False,
             on_event=reply.on_event,
+            alignment=args.align,
         ) as client:
             if not args.quiet:
                 print(
@@ -262,6 +270,8 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
                 max_ahead_frames=max(1, args.window) if args.fast else None,
                 progress=progress,
             )
+            # A pad the client applied adds its length to the server's input (whole frames here).
+            frames += sum(pad for _, pad in client.pads) * 24 // 1920
             try:
                 await client.wait_frames(frames, timeout=args.timeout)
             except trio.TooSlowError:

@@ -49,7 +49,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
-from ..audio import FORMATS, FRAME_MS, FRAME_S, canonical_format, check_rate, default_rate
+from ..audio import FORMATS, FRAME_MS, canonical_format, check_rate, default_rate
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import (
     ClientEvent,
@@ -64,7 +64,7 @@ from ..protocol.events import (
     SessionHeartbeat,
     SessionUpdate,
 )
-from ..protocol.native import split_binary_frame
+from ..protocol.native import split_binary_frame_position
 from .audio import (
     AudioInput,
     EncodedAudio,
@@ -84,6 +84,7 @@ from .errors import (
     Unauthorized,
 )
 from .events import (
+    AlignmentHint,
     AudioDelta,
     Error,
     ResponseCreated,
@@ -148,6 +149,20 @@ def _input_format_of(config: Mapping[str, Any]) -> tuple[str, int | None]:
     return canonical_format(str(fmt or "pcm16")), int(rate) if isinstance(rate, int) else None
 
 
+def with_alignment(
+    config: Mapping[str, Any] | None, alignment: str | None
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """``config`` with ``duplex: {"alignment": alignment}`` added (``None``: left as is), and the
+    alignment mode the session will have: a ``duplex`` key already in ``config`` wins."""
+    if alignment is not None and not (config is not None and "duplex" in config):
+        config = {**(config or {}), "duplex": {"alignment": alignment}}
+    if config is not None and "duplex" in config:
+        duplex = config["duplex"]
+        mode = duplex.get("alignment") if isinstance(duplex, Mapping) else None
+        alignment = mode if isinstance(mode, str) else None
+    return config, alignment
+
+
 def _wire(event: ClientEvent) -> str:
     """JSON text of a client event, through the protocol's own encoder (``None`` fields dropped)."""
     obj = {k: v for k, v in encode_client_event(event).items() if v is not None}
@@ -199,6 +214,17 @@ class DuplexClient:
     object), ``response_id`` (the open response, if any), ``epoch``, ``frames_received`` (output
     frames), ``samples_sent``/``frames_sent`` (input), ``events_received``, ``closed_event``
     (the ``session.closed``), ``close_code``/``close_reason`` (the WebSocket's).
+
+    Alignment (wire-protocol section 7): with ``alignment="client"`` (what
+    :func:`open_duplex_client` asks for by default) the server may send
+    ``input_audio_buffer.alignment {pad_ms}``; a paced :meth:`stream` of 80 ms chunks then sends
+    its next chunk ``pad_ms`` early holding only ``80 - pad_ms`` ms of new audio, with ``pad_ms``
+    on that append (``pads``: ``(time, pad_ms)`` of each applied). A hint it cannot apply (chunks
+    of another size, an unpaced stream, ``alignment`` not ``"client"``) is ignored and counted in
+    ``hints_ignored``: the server pads shorter chunks by itself. ``sends`` holds ``(send time,
+    input samples sent after it)`` for every append, so that an output frame's
+    ``input_samples_end`` maps to the send time of the chunk that held that sample
+    (:func:`~duplex_actors.client.stats.frame_latencies_ms`).
     """
 
     reply_timeout: float = 10.0
@@ -212,8 +238,10 @@ class DuplexClient:
         input_rate: int | None = None,
         on_event: Callable[[ServerEvent], None] | None = None,
         queue_events: bool = True,
+        alignment: str | None = None,
     ) -> None:
         self.ws = ws
+        self.alignment = alignment
         self.dialect: Dialect = dialect
         self.input_format = canonical_format(input_format)
         self.input_rate = check_rate(
@@ -243,6 +271,12 @@ class DuplexClient:
         self._updated_after_open = False
         self._open_errors: list[Error] = []
         self._ids = itertools.count(1)
+        self.sends: list[tuple[float, int]] = []
+        self.pads: list[tuple[float, int]] = []
+        self.hints: list[AlignmentHint] = []
+        self.hints_ignored = 0
+        self._pending_pad_ms: int | None = None
+        self._hint_arrived = trio.Event()
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -267,8 +301,8 @@ class DuplexClient:
 
     def _parse(self, message: str | bytes, now: float) -> ServerEvent:
         seq = self.events_received + 1
-        if isinstance(message, bytes):  # native binary output: u32 LE frame index + PCM16
-            index, pcm = split_binary_frame(message)
+        if isinstance(message, bytes):  # native binary output: u32 LE frame index (+ u32 position) + PCM16
+            index, position, pcm = split_binary_frame_position(message)
             return AudioDelta(
                 type=NativeOutputAudioDelta.TYPE,
                 raw={},
@@ -278,6 +312,7 @@ class DuplexClient:
                 epoch=self.epoch,
                 frame_index=index,
                 pcm16=pcm,
+                input_samples_end=position,
             )
         try:
             obj = json.loads(message)
@@ -313,6 +348,16 @@ class DuplexClient:
                 self._open_errors.append(event)
         elif isinstance(event, SessionClosed):
             self.closed_event = event
+        elif isinstance(event, AlignmentHint):
+            self.hints.append(event)
+            if self.alignment == "client":
+                if self._pending_pad_ms is not None:
+                    self.hints_ignored += 1  # superseded before a chunk could apply it
+                self._pending_pad_ms = event.pad_ms
+                self._hint_arrived.set()
+                self._hint_arrived = trio.Event()
+            else:
+                self.hints_ignored += 1
 
     async def _receive_loop(self) -> None:
         try:
@@ -421,6 +466,7 @@ class DuplexClient:
         data = to_wire_bytes(samples, self.input_format)
         width = FORMATS[self.input_format]
         self.samples_sent += len(data) // width
+        self.sends.append((trio.current_time(), self.samples_sent))
         await self.send_raw(append_message(data))
         return len(data) // width
 
@@ -433,16 +479,22 @@ class DuplexClient:
         max_ahead_frames: int | None = None,
         progress: Callable[[int, int], None] | None = None,
         times: list[float] | None = None,
+        delays: Sequence[float] | None = None,
     ) -> list[float]:
-        """Send ``audio`` as 80 ms frames and return the time (``trio.current_time()``) each
-        frame was handed to the socket.
+        """Send ``audio`` as chunks (80 ms frames unless ``audio`` is an :class:`EncodedAudio` of
+        another ``chunk_samples``) and return the time (``trio.current_time()``) each chunk was
+        handed to the socket.
 
-        ``paced``: frame k goes out at the absolute deadline ``start + k * 0.08`` (``start``:
-        now by default), so a late wake-up never accumulates drift. Unpaced: as fast as the
-        socket takes them, at most ``max_ahead_frames`` ahead of the output already received
-        when given (the server buffers at least 10 s of input; beyond, ``input_backpressure``).
-        ``progress(sent, total)`` is called after each frame. ``times``: a list to append the send
-        times to as they happen (kept by the caller if the stream is interrupted).
+        ``paced``: the chunk starting at sample s goes out at the absolute deadline
+        ``start + s / rate`` (``start``: now by default), so a late wake-up never accumulates
+        drift; an alignment hint moves the next 80 ms chunk ``pad_ms`` earlier (see the class).
+        Unpaced: as fast as the socket takes them, at most ``max_ahead_frames`` ahead of the
+        output already received when given (the server buffers at least 10 s of input; beyond,
+        ``input_backpressure``). ``progress(sent, total)`` is called after each chunk.
+        ``times``: a list to append the send times to as they happen (kept by the caller if the
+        stream is interrupted). ``delays`` (paced only; a network-jitter injector): chunk i is held
+        back ``delays[i]`` seconds past its deadline, and the chunks behind it queue (a late
+        burst); the times returned are then the deadlines, so that the jitter counts in latency.
         """
         enc = (
             audio
@@ -457,19 +509,54 @@ class DuplexClient:
         t0 = trio.current_time() if start is None else start
         total = enc.frames
         times = [] if times is None else times
-        remaining = enc.total_samples
-        for k, message in enumerate(enc.messages):
+        rate, chunk, width = enc.sample_rate_hz, enc.chunk, FORMATS[enc.input_format]
+        # Hints apply to paced 80 ms chunks cut from the stream's bytes; shorter chunks the
+        # server pads by itself.
+        can_align = paced and chunk == self._frame_samples and bool(enc.data)
+        pos = 0  # samples of ``enc`` sent
+        k = 0
+        while pos < enc.total_samples:
+            pad_ms: int | None = None
+            due = t0 + pos / rate
+            if not can_align and self._pending_pad_ms is not None:
+                self._pending_pad_ms = None  # the server pads chunks of other sizes itself
+                self.hints_ignored += 1
             if paced:
-                await trio.sleep_until(t0 + k * FRAME_S)
+                while True:
+                    arrived = self._hint_arrived
+                    pad_ms = self._pending_pad_ms if can_align and self.alignment == "client" else None
+                    at = due - (pad_ms or 0) / 1000
+                    if trio.current_time() >= at:
+                        break
+                    with trio.move_on_at(at):
+                        await arrived.wait()
+                due -= (pad_ms or 0) / 1000
+                if delays is not None and k < len(delays) and delays[k] > 0:
+                    await trio.sleep_until(due + delays[k])
             elif max_ahead_frames is not None and self.frames_sent - self.frames_received >= max_ahead_frames:
                 await self.wait_until(self._room_ahead(max_ahead_frames), timeout=30.0)
-            times.append(trio.current_time())
-            n = min(enc.frame_samples, remaining)
-            remaining -= n
+            if pad_ms:
+                self._pending_pad_ms = None
+                n = min(chunk - round(pad_ms * rate / 1000), enc.total_samples - pos)
+                message = append_message(enc.data[pos * width : (pos + n) * width], pad_ms=pad_ms)
+            else:
+                n = min(chunk, enc.total_samples - pos)
+                if pos % chunk == 0 and pos // chunk < total:
+                    message = enc.messages[pos // chunk]
+                else:  # cut anew since a hint moved the chunk boundaries
+                    message = append_message(enc.data[pos * width : (pos + n) * width])
+            now = trio.current_time()
+            if pad_ms:
+                self.pads.append((now, pad_ms))
+            sent_at = due if (paced and delays is not None) else now
+            times.append(sent_at)
+            pos += n
+            k += 1
             self.samples_sent += n
+            self.sends.append((sent_at, self.samples_sent))
             await self.send_raw(message)
             if progress is not None:
-                progress(k + 1, total)
+                progress(min(k, total), total)
         return times
 
     def _room_ahead(self, limit: int) -> Callable[[], bool]:
@@ -635,6 +722,7 @@ async def open_duplex_client(
     on_event: Callable[[ServerEvent], None] | None = None,
     queue_events: bool = True,
     max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES,
+    alignment: str | None = "client",
 ) -> AsyncIterator[DuplexClient]:
     """Connect, open a session (with ``config`` when given) and yield the client; on exit, close
     the session and the socket.
@@ -643,9 +731,13 @@ async def open_duplex_client(
     ``ws://host:port/v1/duplex`` (native). ``api_key``: sent as ``Authorization: Bearer``.
     ``beta``: ask for OpenAI's beta event names (``OpenAI-Beta: realtime=v1``); the typed events
     are the same either way. ``on_event`` is called in the receive task for every event (keep it
-    quick; an exception in it ends the connection and is re-raised on exit).
+    quick; an exception in it ends the connection and is re-raised on exit). ``alignment``: the
+    session's ``duplex.alignment`` (wire-protocol section 7): ``"client"`` (default: the client
+    follows the server's alignment hints), ``"server"`` or ``"off"``; ``None`` sends nothing (a
+    stock client: the server's default). A ``duplex`` key in ``config`` wins.
     """
     dialect = _dialect_of(url)
+    config, alignment = with_alignment(config, alignment)
     first_message = dialect == "realtime" and (config is not None or _autostart_off(url))
     wire_url = _with_query(url, autostart="0") if first_message else url
     headers: list[tuple[bytes, bytes]] = []
@@ -667,6 +759,7 @@ async def open_duplex_client(
                 input_rate=input_rate,
                 on_event=on_event,
                 queue_events=queue_events,
+                alignment=alignment,
             )
             nursery.start_soon(client._receive_loop)
             graceful = False

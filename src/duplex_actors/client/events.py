@@ -64,7 +64,10 @@ class AudioDelta(ServerEvent):
     output is G.711: then ``pcm16`` is the 8 kHz audio decoded and ``audio`` the bytes as sent);
     ``frame_index`` is the index of the input frame whose step produced the first of them
     (output frame k answers input frame k). ``text``: the frame's text where the dialect puts it
-    on the delta (native), else ``""``."""
+    on the delta (native), else ``""``. ``input_samples_end``: where (in samples of the client's
+    own input stream, at its rate, alignment pads excluded) the input of the delta's frame ended
+    (``metadata.input_samples_end``; ``None`` from a server that does not send it, and for a
+    native binary frame)."""
 
     response_id: str | None
     epoch: int
@@ -74,10 +77,30 @@ class AudioDelta(ServerEvent):
     format: str = "pcm16"
     sample_rate_hz: int = SAMPLE_RATE
     audio: bytes = attrs.field(default=b"", repr=False)
+    input_samples_end: int | None = None
 
     @property
     def frames(self) -> int:
         return len(self.pcm16) // (2 * self.sample_rate_hz * FRAME_MS // 1000)
+
+
+@attrs.frozen(kw_only=True)
+class AlignmentHint(ServerEvent):
+    """``input_audio_buffer.alignment`` (wire-protocol section 7; only to a session that opted in
+    with ``duplex: {"alignment": "client"}``): send the next chunk ``pad_ms`` early, holding only
+    ``80 - pad_ms`` ms of new audio, with ``pad_ms`` on that append. ``reason``: ``start``,
+    ``clear``, ``drift`` or ``margin``."""
+
+    pad_ms: int
+    reason: str
+
+
+ALIGNMENT_TYPE: Final = "input_audio_buffer.alignment"
+
+
+def _samples_end(obj: Any) -> int | None:
+    value = obj.get("input_samples_end") if isinstance(obj, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @attrs.frozen(kw_only=True)
@@ -169,6 +192,7 @@ def _view(event: Any, common: dict[str, Any]) -> ServerEvent:
                 format=fmt,
                 sample_rate_hz=event.sample_rate_hz,
                 audio=data,
+                input_samples_end=_samples_end(common["raw"].get("metadata")),
             )
         case wire.NativeOutputAudioDelta():
             return AudioDelta(
@@ -178,6 +202,7 @@ def _view(event: Any, common: dict[str, Any]) -> ServerEvent:
                 frame_index=event.frame_index,
                 pcm16=base64.b64decode(event.audio),
                 text=event.text,
+                input_samples_end=_samples_end(common["raw"]) or _samples_end(common["raw"].get("metadata")),
             )
         case wire.RealtimeOutputAudioTranscriptDelta():
             return TranscriptDelta(**common, response_id=event.response_id, text=event.delta)
@@ -232,6 +257,20 @@ def _view(event: Any, common: dict[str, Any]) -> ServerEvent:
     return OtherEvent(**common)
 
 
+def _alignment(obj: dict[str, Any], cls: type[Any] | None, common: dict[str, Any]) -> ServerEvent:
+    """The hint, read from the JSON itself (so that it does not depend on the protocol package
+    having the class); a hint without an int ``pad_ms`` in [0, 80) is an :class:`OtherEvent`."""
+    pad, reason = obj.get("pad_ms"), obj.get("reason")
+    if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad < FRAME_MS:
+        return OtherEvent(**common)
+    if cls is not None:
+        try:
+            common["wire"] = CONVERTER.structure(obj, cls)
+        except Exception:
+            pass
+    return AlignmentHint(**common, pad_ms=pad, reason=reason if isinstance(reason, str) else "")
+
+
 def parse_server_event(
     obj: dict[str, Any], *, dialect: Dialect = "realtime", received_at: float = 0.0, seq: int = 0
 ) -> ServerEvent:
@@ -243,6 +282,8 @@ def parse_server_event(
     kind = kind if isinstance(kind, str) else ""
     common: dict[str, Any] = {"type": kind, "raw": obj, "received_at": received_at, "seq": seq}
     cls = _CLASSES["native" if dialect == "native" else "realtime"].get(kind)
+    if kind == ALIGNMENT_TYPE:
+        return _alignment(obj, cls, common)
     if cls is None:
         return OtherEvent(**common)
     try:

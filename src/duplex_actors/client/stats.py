@@ -19,6 +19,13 @@ is 80 ms (3840 bytes of pcm16@24000, 1280 of pcm16@8000, 640 of G.711).
 - lost frames: within an epoch ``frame_index`` must be contiguous (epoch 0 starts at 0); a gap
   counts the frames it skips. Frames sent at the end and never answered are not "lost" (coverage
   shows them).
+- latency per output frame (``latency_ms``): the frame's arrival minus the send time of the
+  chunk that held the newest client sample its input depends on: the sample just before the
+  delta's ``input_samples_end`` (wire-protocol section 3), looked up in the ``(send time,
+  samples sent after it)`` record of every append (:func:`frame_latencies_ms`). This stays
+  honest when the server pads a session to align it (server frame k then no longer answers
+  message k) and whatever the chunk size. From a server that does not send
+  ``input_samples_end`` it is the round trip above.
 - rtf (real-time factor of the output): output audio seconds per wall-clock second between the
   first and the last audio arrival. 1.0: the server keeps pace with the paced input; below 1.0 it
   falls behind (each second of wall time produced less than a second of audio).
@@ -26,6 +33,8 @@ is 80 ms (3840 bytes of pcm16@24000, 1280 of pcm16@8000, 640 of G.711).
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -44,6 +53,44 @@ class Delta:
     epoch: int
     frame_index: int
     frames: int
+    input_samples_end: int | None = None
+
+
+def frame_latencies_ms(
+    sends: Sequence[tuple[float, int]], deltas: Sequence[Delta], frame_samples: int = 1920
+) -> list[float] | None:
+    """Latency (ms) of every output frame: its arrival minus the send time of the chunk holding
+    client sample ``input_samples_end - 1`` (``sends``: ``(send time, client samples sent
+    after that append)``, in order). A delta of several frames carries the end of its first
+    frame; frame j of it ends ``j * frame_samples`` (client samples per 80 ms) later. A frame
+    whose input is only pad (``input_samples_end <= 0``) depends on no client sample and is left
+    out. ``None`` when no delta carries ``input_samples_end`` (a server without it)."""
+    ends = [end for _, end in sends]
+    out: list[float] = []
+    seen = False
+    for d in deltas:
+        if d.input_samples_end is None:
+            continue
+        seen = True
+        for j in range(d.frames):
+            sample = d.input_samples_end + j * frame_samples
+            if sample <= 0:
+                continue
+            i = bisect.bisect_left(ends, sample)  # the first append whose end reaches the sample
+            if i < len(sends):
+                out.append((d.received_at - sends[i][0]) * 1000)
+    return out if seen else None
+
+
+def pads_observed(deltas: Sequence[Delta], frame_samples: int = 1920, rate: int = 24_000) -> int:
+    """24 kHz samples the server inserted before the last frame (its index counts server frames,
+    ``input_samples_end`` client samples): the most ``(k + 1) * 1920 - end`` over the deltas."""
+    best = 0
+    for d in deltas:
+        if d.input_samples_end is not None:
+            client = d.input_samples_end * 24_000 // rate
+            best = max(best, (d.frame_index + 1) * 1920 - client)
+    return best
 
 
 def percentiles(
@@ -115,14 +162,25 @@ def session_stats(
     *,
     jitter_buffer: float = JITTER_BUFFER_S,
     ready_frames: Sequence[int] | None = None,
+    sends: Sequence[tuple[float, int]] | None = None,
+    rate: int = 24_000,
+    pads: int = 0,
 ) -> dict[str, Any]:
     """Per-session numbers (times in ms). ``send_times``: one per input message;
-    ``ready_frames``: see :func:`frame_send_times`."""
+    ``ready_frames``: see :func:`frame_send_times`; ``sends``: see :func:`frame_latencies_ms`;
+    ``pads``: 24 kHz samples of silence the server inserted (client and server pads); the
+    larger of it and what the deltas show counts in the frames expected."""
     sent = len(send_times)
     frame_sent = frame_send_times(send_times, ready_frames)
-    expected = len(frame_sent)
+    pad = max(pads, pads_observed(deltas, rate * 80 // 1000, rate))
+    # Frames the sent input plus the pads can produce (at 24 kHz the partial tail counts too).
+    tail = 0
+    if rate == 24_000 and sends:
+        tail = sends[-1][1] - len(frame_sent) * 1920
+    expected = len(frame_sent) + (max(0, tail) + pad) // 1920
     received = sum(d.frames for d in deltas)
     rtt = [ms for _, ms in round_trips_ms(frame_sent, deltas)]
+    latency = frame_latencies_ms(sends, deltas, rate * 80 // 1000) if sends is not None else None
     intervals = np.diff([d.received_at for d in deltas]) * 1000 if len(deltas) > 1 else np.zeros(0)
     lost, out_of_order = continuity(deltas)
     ttfa = (deltas[0].received_at - send_times[0]) * 1000 if deltas and sent else None
@@ -135,6 +193,9 @@ def session_stats(
         "coverage": round(received / expected, 4) if expected else 0.0,
         "time_to_first_audio_ms": round(ttfa, 3) if ttfa is not None else None,
         "round_trip_ms": percentiles(rtt),
+        "latency_ms": percentiles(rtt if latency is None else latency),
+        "latency_source": "round_trip" if latency is None else "input_samples_end",
+        "pad_ms": round(pad / 24, 3),
         "packet_interval_ms": percentiles(intervals),
         "underruns": underruns(deltas, jitter_buffer),
         "lost_frames": lost,
@@ -144,7 +205,10 @@ def session_stats(
 
 
 def aggregate(
-    per_session: Sequence[dict[str, Any]], all_rtt_ms: Sequence[float], all_intervals_ms: Sequence[float]
+    per_session: Sequence[dict[str, Any]],
+    all_rtt_ms: Sequence[float],
+    all_intervals_ms: Sequence[float],
+    all_latency_ms: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Totals and distributions over every session of a run."""
     sent = sum(s["frames_sent"] for s in per_session)
@@ -160,6 +224,7 @@ def aggregate(
         "coverage": round(received / expected, 4) if expected else 0.0,
         "time_to_first_audio_ms": percentiles(ttfa, (50,)),
         "round_trip_ms": percentiles(all_rtt_ms),
+        "latency_ms": percentiles(all_rtt_ms if all_latency_ms is None else all_latency_ms),
         "packet_interval_ms": percentiles(all_intervals_ms),
         "underruns": sum(s["underruns"] for s in per_session),
         "lost_frames": sum(s["lost_frames"] for s in per_session),
@@ -177,8 +242,19 @@ def round_trips_ms(send_times: Sequence[float], deltas: Sequence[Delta]) -> list
     ]
 
 
-def prometheus_value(text: str, name: str) -> float | None:
-    """The sum of every sample of metric ``name`` (labelled or not) in Prometheus text."""
+def _labels(head: str) -> dict[str, str]:
+    _, _, inner = head.partition("{")
+    out: dict[str, str] = {}
+    for part in inner.rstrip("}").split(","):
+        key, eq, value = part.partition("=")
+        if eq:
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def prometheus_value(text: str, name: str, **labels: str) -> float | None:
+    """The sum of every sample of metric ``name`` (labelled or not) in Prometheus text; with
+    ``labels``, of the samples that carry those label values."""
     total, found = 0.0, False
     for line in text.splitlines():
         if not line.startswith(name) or line.startswith("#"):
@@ -187,9 +263,56 @@ def prometheus_value(text: str, name: str) -> float | None:
         metric = head.split("{", 1)[0]
         if metric != name:
             continue
+        if labels:
+            have = _labels(head)
+            if any(have.get(k) != v for k, v in labels.items()):
+                continue
         try:
             total += float(value)
             found = True
         except ValueError:
             continue
     return total if found else None
+
+
+def prometheus_buckets(text: str, name: str) -> dict[float, float]:
+    """A histogram's cumulative buckets ``{le: count}`` (``+Inf`` as ``math.inf``)."""
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket"):
+            continue
+        head, _, value = line.rpartition(" ")
+        le = _labels(head).get("le")
+        if le is None:
+            continue
+        try:
+            out[math.inf if le == "+Inf" else float(le)] = out.get(
+                math.inf if le == "+Inf" else float(le), 0.0
+            ) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile ``q`` (0-1) of a cumulative histogram
+    (e.g. the delta of two scrapes); ``None`` when empty; the last finite bound when it falls in
+    ``+Inf``."""
+    items = sorted(buckets.items())
+    total = items[-1][1] if items else 0.0
+    if total <= 0:
+        return None
+    finite = [le for le, _ in items if le != math.inf]
+    for le, count in items:
+        if count >= q * total:
+            return le if le != math.inf else (finite[-1] if finite else None)
+    return None
+
+
+def steps_per_tick(steps: float | None, batch_size_sum: float | None, sessions: int) -> float | None:
+    """Steps per tick as docs/operations.md defines it: steps / (frames stepped / active
+    sessions) = ``duplex_step_duration_seconds_count`` x sessions / ``duplex_batch_size_sum``
+    (deltas over a window in which the number of sessions did not change)."""
+    if steps is None or not batch_size_sum or sessions <= 0:
+        return None
+    return steps * sessions / batch_size_sum

@@ -117,6 +117,9 @@ class Session {
     this.framesSkipped = 0;
     this.lastFrameIndex = -1; // frame_index of the last output frame received
     this.sentAt = new Map(); // input frame index -> performance.now() when sent
+    this.samplesSent = 0; // input samples (24 kHz) sent
+    this.sends = []; // [samples sent after an append, performance.now() when sent], oldest first
+    this.padsApplied = 0;
     this.roundTrip = null;
     this.roundTripAvg = null;
     this.paragraph = null; // transcript <p> of the current response
@@ -157,19 +160,37 @@ class Session {
     const session = { type: "realtime", input_audio_format: "pcm16", output_audio_format: "pcm16" };
     if (this.config.voice) session.voice = this.config.voice;
     session.instructions = this.config.persona;
+    // Alignment to the server's tick (wire-protocol section 7): the page sends whole 80 ms frames,
+    // so it opts in to the server's hints and sends one frame early (and shorter) when told.
+    session.duplex = { alignment: "client" };
     this.send({ type: "session.update", session });
   }
 
-  onMicFrame(pcm, rms) {
+  onMicFrame(pcm, rms, padMs) {
     ui.micLevel.style.width = `${Math.min(100, Math.round(Math.sqrt(rms) * 180))}%`;
     if (!this.opened || this.stopping || !this.ws || this.ws.readyState !== WebSocket.OPEN) return;
     if (this.ws.bufferedAmount > MAX_UNSENT_BYTES) {
       this.framesSkipped++;
       return;
     }
-    this.send({ type: "input_audio_buffer.append", audio: int16ToBase64(pcm) });
-    this.sentAt.set(this.framesSent, performance.now());
+    const append = { type: "input_audio_buffer.append", audio: int16ToBase64(pcm) };
+    if (padMs) {
+      append.pad_ms = padMs;
+      this.padsApplied++;
+    }
+    this.send(append);
+    const now = performance.now();
+    this.sentAt.set(this.framesSent, now);
+    this.samplesSent += pcm.length;
+    this.sends.push([this.samplesSent, now]);
+    if (this.sends.length > 256) this.sends.splice(0, this.sends.length - 256);
     this.framesSent++;
+  }
+
+  // When the append holding input sample `end - 1` was sent (undefined if no longer known).
+  sentTimeOf(end) {
+    for (const [samples, at] of this.sends) if (samples >= end) return at;
+    return undefined;
   }
 
   onMessage(data) {
@@ -199,6 +220,9 @@ class Session {
         break;
       case "output_audio_buffer.cleared":
         this.player.flush();
+        break;
+      case "input_audio_buffer.alignment":
+        if (this.mic && typeof ev.pad_ms === "number") this.mic.pad(ev.pad_ms);
         break;
       case "response.done":
         if (ev.response && ev.response.status === "cancelled") {
@@ -233,7 +257,12 @@ class Session {
     if (typeof meta.epoch === "number") this.epoch = meta.epoch;
     if (typeof meta.frame_index === "number") {
       const first = meta.frame_index;
-      const sent = this.sentAt.get(first);
+      // With alignment pads the server's frame k is no longer the page's frame k: the delta says
+      // where in the page's own input its frame ended.
+      const sent =
+        typeof meta.input_samples_end === "number" && meta.input_samples_end > 0
+          ? this.sentTimeOf(meta.input_samples_end)
+          : this.sentAt.get(first);
       if (sent !== undefined) {
         this.roundTrip = performance.now() - sent;
         this.roundTripAvg = this.roundTripAvg === null ? this.roundTrip : 0.9 * this.roundTripAvg + 0.1 * this.roundTrip;

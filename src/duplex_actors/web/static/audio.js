@@ -6,7 +6,8 @@ export const FRAME_MS = 80;
 
 const WORKLET_URL = "/static/capture-worklet.js";
 
-// The microphone through the "pcm16-capture" worklet. onFrame(Int16Array, rms) per 80 ms frame.
+// The microphone through the "pcm16-capture" worklet. onFrame(Int16Array, rms, padMs) per 80 ms
+// frame; pad(ms) makes the next frame ms early and shorter, with padMs = ms (an alignment hint).
 export class Microphone {
   constructor(ctx, stream, source, node, sink) {
     this.ctx = ctx;
@@ -16,8 +17,12 @@ export class Microphone {
     this.sink = sink;
     this.onFrame = null;
     node.port.onmessage = (e) => {
-      if (this.onFrame) this.onFrame(new Int16Array(e.data.pcm), e.data.rms);
+      if (this.onFrame) this.onFrame(new Int16Array(e.data.pcm), e.data.rms, e.data.padMs || 0);
     };
+  }
+
+  pad(ms) {
+    this.node.port.postMessage({ pad: ms });
   }
 
   static async open(ctx) {

@@ -1,8 +1,11 @@
 // AudioWorklet processor "pcm16-capture": mixes the microphone to mono, low-passes it when the
 // context runs faster than 24 kHz, resamples to 24 kHz (linear interpolation) and posts whole
 // 80 ms frames (1920 samples) of 16-bit PCM to the main thread:
-//   port.postMessage({ pcm: ArrayBuffer (Int16, little-endian on every browser platform), rms })
-// Send "stop" on the port to end processing.
+//   port.postMessage({ pcm: ArrayBuffer (Int16, little-endian on every browser platform), rms, padMs })
+// Send "stop" on the port to end processing. Alignment (wire-protocol section 7): send
+// { pad: ms } and the next frame is posted that much early, holding only 80 - ms of audio, with
+// padMs = ms (the page puts pad_ms on its append; the server inserts the silence before it);
+// every later frame is 80 ms again, on the shifted boundaries.
 
 const OUT_RATE = 24000;
 const FRAME_SAMPLES = 1920;
@@ -55,22 +58,42 @@ class Pcm16Capture extends AudioWorkletProcessor {
     this.fill = 0;
     this.sumSq = 0;
     this.running = true;
+    this.target = FRAME_SAMPLES; // samples of the frame being filled (less after a pad hint)
+    this.padMs = 0;
     this.port.onmessage = (e) => {
       if (e.data === "stop") this.running = false;
+      else if (e.data && typeof e.data.pad === "number") this.pad(e.data.pad);
     };
+  }
+
+  pad(ms) {
+    const pad = Math.round((ms * OUT_RATE) / 1000);
+    if (!(pad > 0 && pad < FRAME_SAMPLES)) return;
+    this.padMs = ms;
+    this.target = FRAME_SAMPLES - pad;
+    if (this.fill >= this.target) this.post(); // already past the early boundary: at once
+  }
+
+  // Post the first `target` samples of the frame; what is beyond starts the next frame.
+  post() {
+    const n = this.target;
+    const out = this.frame.slice(0, n);
+    let sumSq = 0;
+    for (let i = 0; i < n; i++) sumSq += (out[i] / 32768) * (out[i] / 32768);
+    const rms = Math.sqrt(sumSq / n);
+    this.port.postMessage({ pcm: out.buffer, rms, padMs: this.padMs }, [out.buffer]);
+    const rest = this.frame.slice(n, this.fill);
+    this.frame = new Int16Array(FRAME_SAMPLES);
+    this.frame.set(rest);
+    this.fill = rest.length;
+    this.target = FRAME_SAMPLES;
+    this.padMs = 0;
   }
 
   emit(sample) {
     const s = sample < -1 ? -1 : sample > 1 ? 1 : sample;
-    this.sumSq += s * s;
     this.frame[this.fill++] = s < 0 ? Math.round(s * 32768) : Math.round(s * 32767);
-    if (this.fill === FRAME_SAMPLES) {
-      const rms = Math.sqrt(this.sumSq / FRAME_SAMPLES);
-      this.port.postMessage({ pcm: this.frame.buffer, rms }, [this.frame.buffer]);
-      this.frame = new Int16Array(FRAME_SAMPLES);
-      this.fill = 0;
-      this.sumSq = 0;
-    }
+    if (this.fill >= this.target) this.post();
   }
 
   process(inputs, outputs) {
