@@ -178,7 +178,10 @@ class SessionCore:
         self.frames_stepped = 0  # step results received, any epoch
         self.frames_out = 0  # output frames emitted
         self._header_seen = False
-        self._tail: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        # The partial input frame: ``_fill`` samples of ``_frame`` (a preallocated frame buffer,
+        # so a tiny append copies its samples in rather than re-concatenating the tail).
+        self._frame: npt.NDArray[np.float32] = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+        self._fill = 0
         # Input at the client's format and rate -> 24 kHz; its state is rebuilt on replay by the
         # same appends in the same order.
         self._input = InputStream()
@@ -203,7 +206,7 @@ class SessionCore:
 
     @property
     def buffered_samples(self) -> int:
-        return len(self._tail) + self.frames_pending * FRAME_SAMPLES
+        return self._fill + self.frames_pending * FRAME_SAMPLES
 
     @property
     def locked(self) -> bool:
@@ -241,7 +244,7 @@ class SessionCore:
             case r.Append():
                 self._append(record, out)
             case r.ClearInput():
-                self._tail = np.zeros(0, dtype=np.float32)
+                self._fill = 0
                 self._input.reset()
                 self._emit(out, ev.InputCleared(record.client_event_id))
             case r.ClearOutput():
@@ -431,17 +434,32 @@ class SessionCore:
         except AudioError as exc:
             self._error(out, exc.code, str(exc), record.client_event_id)
             return
-        buf = np.concatenate([self._tail, samples]) if len(self._tail) else samples
-        whole = len(buf) // FRAME_SAMPLES
-        for i in range(whole):
-            frame = np.array(buf[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], dtype=np.float32)
-            index = self.frames_in
-            self.frames_in += 1
-            if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
-                self._speech_started = True
-                self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
-            out.append(SubmitFrame(index, frame))
-        self._tail = np.array(buf[whole * FRAME_SAMPLES :], dtype=np.float32)
+        self._take(samples, out)
+
+    def _take(self, samples: npt.NDArray[np.float32], out: list[Effect]) -> None:
+        """Input samples (24 kHz, the model's domain) into the partial frame; each frame it
+        completes is submitted (a copy: the buffer is reused)."""
+        n = len(samples)
+        at = 0
+        frame = self._frame
+        while at < n:
+            fill = self._fill
+            k = min(FRAME_SAMPLES - fill, n - at)
+            frame[fill : fill + k] = samples[at : at + k]
+            at += k
+            if fill + k < FRAME_SAMPLES:
+                self._fill = fill + k
+                return
+            self._fill = 0
+            self._submit(frame.copy(), out)
+
+    def _submit(self, frame: npt.NDArray[np.float32], out: list[Effect]) -> None:
+        index = self.frames_in
+        self.frames_in += 1
+        if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
+            self._speech_started = True
+            self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
+        out.append(SubmitFrame(index, frame))
 
     def _step(self, record: r.Step, out: list[Effect]) -> None:
         if self.frames_pending == 0 or record.epoch > self.epoch:
