@@ -155,9 +155,7 @@ def process_cpu_s(pid: int) -> float:
 
 
 # -- arm: a real server ------------------------------------------------------------------------
-def start_server(
-    log_dir: Path, *args: str, profile: Path | None = None
-) -> tuple[subprocess.Popen[str], int]:
+def start_server(log_dir: Path, *args: str, profile: Path | None = None) -> tuple[subprocess.Popen[str], int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -192,8 +190,12 @@ def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, f
             # (label, samples per append, appends): 1-sample appends make no frame; the 20 ms
             # and 80 ms arms carry the same 10 s of audio, and are timed until its last output
             # frame is back, so the difference between them is the cost of 375 more messages.
-            arms = (("warm-up", 1, 1024), ("1 sample", 1, n), ("480 samples (20 ms)", 480, 500))
-            arms += (("1920 samples (80 ms)", 1920, 125),)
+            arms = (
+                ("warm-up", 1, 1024),
+                ("1 sample", 1, n),
+                ("480 samples (20 ms)", 480, 500),
+                ("1920 samples (80 ms)", 1920, 125),
+            )
             for label, samples, count in arms:
                 per_send = min(64, count)
                 batch = frame(append_text(samples).encode()) * per_send
@@ -301,7 +303,10 @@ async def _inproc_run(engine: Any, messages: list[str], profile: cProfile.Profil
 
 
 LAYERS = (
-    ("trio scheduling (checkpoints, cancel scopes, wake-ups, epoll)", ("/trio/", "epoll", "contextlib", "outcome")),
+    (
+        "trio scheduling (checkpoints, cancel scopes, wake-ups, epoll)",
+        ("/trio/", "epoll", "contextlib", "outcome"),
+    ),
     ("JSON (json.loads/dumps)", ("json/", "'loads'", "'dumps'", "encode_basestring", "scan_once")),
     ("protocol parse (codec, events, cattrs)", ("protocol/", "cattrs", "<cattrs")),
     ("hypercorn + wsproto + h11", ("hypercorn", "wsproto", "h11")),
@@ -358,8 +363,27 @@ def print_layers(stats: pstats.Stats, what: str, top: int) -> None:
 
 
 # -- arm: components ---------------------------------------------------------------------------
+def per_call_us(fn: Callable[[], object], count: int) -> float:
+    fn()
+    t0 = time.thread_time()
+    for _ in range(count):
+        fn()
+    return 1e6 * (time.thread_time() - t0) / count
+
+
 def components(n: int) -> dict[str, float]:
-    import numpy as np
+    from duplex_actors.web.budget import InputBudget, RateLimits
+
+    out: dict[str, float] = {}
+    for label, samples in (("1 sample", 1), ("480 samples", 480)):
+        out.update(_components_of(label, samples, n))
+    budget = InputBudget(RateLimits(messages_per_s=1e9, message_burst=1e9), 0.0)
+    ticks = itertools.count()
+    out["budget.admit"] = per_call_us(lambda: budget.admit(next(ticks) * 1e-4, 100), n)
+    return out
+
+
+def _components_of(label: str, samples: int, n: int) -> dict[str, float]:
     import wsproto
     import wsproto.events
 
@@ -367,65 +391,50 @@ def components(n: int) -> dict[str, float]:
     from duplex_actors.log.segment import encode_record
     from duplex_actors.protocol import codec
     from duplex_actors.session.core import SessionCore
-    from duplex_actors.web.budget import InputBudget, RateLimits
     from duplex_actors.web.connection import capabilities
     from duplex_actors.web.dialects import RealtimeDialect
-
-    def per_call_us(fn: Callable[[], object], count: int = n) -> float:
-        fn()
-        t0 = time.thread_time()
-        for _ in range(count):
-            fn()
-        return 1e6 * (time.thread_time() - t0) / count
 
     out: dict[str, float] = {}
     dialect = RealtimeDialect(model="m", capabilities=capabilities(2), beta=False)
     config = {"voice": "v", "instructions": "p"}
-    for label, samples in (("1 sample", 1), ("480 samples", 480)):
-        text = append_text(samples)
-        event = codec.parse_client_text(text, dialect="realtime")
-        assert isinstance(event, codec.InputAudioBufferAppend)
-        out[f"{label}: json.loads (plain)"] = per_call_us(lambda: json.loads(text))
-        out[f"{label}: codec.parse_client_text"] = per_call_us(
-            lambda: codec.parse_client_text(text, dialect="realtime")
-        )
-        out[f"{label}: codec.decode_append (format + base64)"] = per_call_us(
-            lambda: codec.decode_append(event, config)  # noqa: B023
-        )
-        out[f"{label}: dialect.parse (all of the above)"] = per_call_us(lambda: dialect.parse(text, config))
-        record = r.Append(b"\x10\x00" * samples)
-        out[f"{label}: log encode_record(append)"] = per_call_us(lambda: encode_record(7, record))  # noqa: B023
+    text = append_text(samples)
+    event: Any = codec.parse_client_text(text, dialect="realtime")
+    assert type(event).__name__ == "InputAudioBufferAppend"
+    out[f"{label}: json.loads (plain)"] = per_call_us(lambda: json.loads(text), n)
+    out[f"{label}: codec.parse_client_text"] = per_call_us(
+        lambda: codec.parse_client_text(text, dialect="realtime"), n
+    )
+    out[f"{label}: codec.decode_append (format + base64)"] = per_call_us(
+        lambda: codec.decode_append(event, config), n
+    )
+    out[f"{label}: dialect.parse (all of the above)"] = per_call_us(lambda: dialect.parse(text, config), n)
+    record = r.Append(b"\x10\x00" * samples)
+    out[f"{label}: log encode_record(append)"] = per_call_us(lambda: encode_record(7, record), n)
+    core = _core_for_bench(SessionCore)
+    k = max(1, n // 4)
+    t0 = time.thread_time()
+    for _ in range(k):
+        core.apply(record)
+        if core.buffered_samples > 20 * 24000:
+            core = _core_for_bench(SessionCore)
+    out[f"{label}: core.apply(append)"] = 1e6 * (time.thread_time() - t0) / k
 
-        from duplex_actors.model.family import ModelFamily  # noqa: F401  (policy for the core)
+    ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+    ws.receive_data(
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    request = next(ws.events())
+    ws.send(wsproto.events.AcceptConnection())
+    assert isinstance(request, wsproto.events.Request)
+    wire = frame(text.encode()) * 64
 
-        core = _core_for_bench(SessionCore)
-        k = max(1, n // 4)
-        t0 = time.thread_time()
-        for _ in range(k):
-            core.apply(record)
-            if core.buffered_samples > 20 * 24000:
-                core = _core_for_bench(SessionCore)
-        out[f"{label}: core.apply(append)"] = 1e6 * (time.thread_time() - t0) / k
+    def ws_receive() -> None:
+        ws.receive_data(wire)
+        for _ in ws.events():
+            pass
 
-        ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
-        ws.receive_data(
-            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        request = next(ws.events())
-        ws.send(wsproto.events.AcceptConnection())
-        assert isinstance(request, wsproto.events.Request)
-        wire = frame(text.encode()) * 64
-
-        def ws_receive() -> None:
-            ws.receive_data(wire)
-            for _ in ws.events():
-                pass
-
-        out[f"{label}: wsproto frame receipt"] = per_call_us(ws_receive, max(1, n // 64)) / 64
-    budget = InputBudget(RateLimits(messages_per_s=1e9, message_burst=1e9), 0.0)
-    ticks = itertools.count()
-    out["budget.admit"] = per_call_us(lambda: budget.admit(next(ticks) * 1e-4, 100))
+    out[f"{label}: wsproto frame receipt"] = per_call_us(ws_receive, max(1, n // 64)) / 64
     return out
 
 

@@ -310,7 +310,35 @@ def parse_client_text(
         obj = json.loads(text, parse_constant=_refuse_constant, parse_float=parse_float, parse_int=parse_int)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(codes.INVALID_JSON, f"message is not valid JSON: {exc}") from None
+    if not non_finite:
+        append = _fast_append(obj)
+        if append is not None:
+            return append
     return parse_client_object(obj, dialect=dialect, non_finite=non_finite[0] if non_finite else None)
+
+
+# The fields an append may have to take the fast path, with their one JSON type each (both
+# dialects' appends share them). A message with any other key, or a value of another type, goes
+# the general way (the converter), which gives every documented answer to bad input.
+_FAST_APPEND_FIELDS: Final[dict[str, type]] = {"type": str, "audio": str, "event_id": str}
+
+
+def _fast_append(obj: Any) -> InputAudioBufferAppend | None:
+    """The append a well-formed ``input_audio_buffer.append`` object is, without the converter
+    (an append is most of what a client sends: one dict lookup for ``type``, one type check per
+    field); None for anything that needs the general path's checks."""
+    if type(obj) is not dict or obj.get("type") != InputAudioBufferAppend.TYPE:
+        return None
+    for key, value in obj.items():
+        if type(value) is not _FAST_APPEND_FIELDS.get(key):
+            return None
+    event_id = obj.get("event_id")
+    if event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS:
+        return None
+    audio = obj.get("audio")
+    if audio is None:
+        return None
+    return InputAudioBufferAppend(audio=audio, event_id=event_id)
 
 
 def parse_client_object(obj: Any, *, dialect: Dialect, non_finite: str | None = None) -> ClientEvent:

@@ -105,6 +105,29 @@ def _json_size(config: Mapping[str, Any]) -> int:
     return len(json.dumps(config, separators=(",", ":"), default=str))
 
 
+def _entry_size(key: str, value: Any) -> int:
+    """Length of ``"key":value`` in a config's compact JSON (as ``_json_size`` writes it)."""
+    return len(json.dumps(key)) + 1 + len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _entry_sizes(config: Mapping[str, Any]) -> dict[str, int] | None:
+    """Each entry's share of ``_json_size(config)``; None when a key is not a string (JSON
+    would convert it, and the sum would not be exact)."""
+    out: dict[str, int] = {}
+    for key, value in config.items():
+        if type(key) is not str:
+            return None
+        out[key] = _entry_size(key, value)
+    return out
+
+
+def _size_of(entries: Mapping[str, int]) -> int:
+    """``_json_size`` of the config whose entry sizes are ``entries``: braces and commas added,
+    so a merged config is measured without serialising it whole (a 200 KB update refused by
+    the bound costs one serialisation of the update, not of the merged config)."""
+    return 2 + sum(entries.values()) + max(0, len(entries) - 1)
+
+
 @attrs.frozen(slots=True)
 class _Refusal:
     code: str
@@ -172,6 +195,10 @@ class SessionCore:
         self.state = State.IDLE
         self.config: dict[str, Any] = {}
         self._config_bytes = 2  # of self.config as compact JSON ("{}")
+        self._config_entries: dict[str, int] | None = {}  # its entries' sizes (_entry_sizes)
+        # The last update outcome computed, for the same record in the same state (the shell
+        # asks refusal_for_update, then applies the record): computed once, not twice.
+        self._outcome_memo: tuple[Any, ...] | None = None
         self.prompt: Any = None
         self.epoch = 0
         self.frames_in = 0  # whole input frames drained (= next frame index)
@@ -334,16 +361,34 @@ class SessionCore:
             config = {}
         self.prompt = prompt
         self.config = self._effective(config, prompt)
-        self._config_bytes = _json_size(self.config)
+        self._config_entries = _entry_sizes(self.config)
+        self._config_bytes = (
+            _size_of(self._config_entries) if self._config_entries is not None else _json_size(self.config)
+        )
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
         if refusal is not None:
             self._error(out, code_of(refusal, "invalid_value"), str(refusal), record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
 
-    def _update_outcome(self, record: r.Update) -> tuple[Any, dict[str, Any]] | _Refusal:
-        """(prompt, effective config) of an update the core takes, else (code, message) of its
-        refusal. Pure: ``refusal_for_update`` and ``_update`` share it."""
+    def _update_outcome(
+        self, record: r.Update
+    ) -> tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal:
+        """(prompt, effective config, its entry sizes) of an update the core takes, else (code,
+        message) of its refusal. Pure: ``refusal_for_update`` and ``_update`` share it (and
+        its memo: the same record in the same state has the same outcome)."""
+        key = (record, self.config, self.locked)
+        memo = self._outcome_memo
+        if memo is not None and all(a is b for a, b in zip(memo[:3], key, strict=True)):
+            outcome: tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal = memo[3]
+            return outcome
+        outcome = self._compute_update_outcome(record)
+        self._outcome_memo = (*key, outcome)
+        return outcome
+
+    def _compute_update_outcome(
+        self, record: r.Update
+    ) -> tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal:
         merged = {**self.config, **record.config}
         try:
             prompt = self._validated(merged)
@@ -361,18 +406,25 @@ class SessionCore:
                     "the persona cannot change after the first audio frame reached the model",
                 )
         effective = self._effective(merged, prompt)
+        update_entries = _entry_sizes(record.config)
+        entries: dict[str, int] | None = None
+        if update_entries is not None and self._config_entries is not None:
+            entries = {**self._config_entries, **update_entries}
+            entries["voice"] = _entry_size("voice", effective["voice"])
+            entries["instructions"] = _entry_size("instructions", effective["instructions"])
         # The merged config is at most the current one plus the update (plus the effective
-        # voice and persona): only near the bound is it worth serialising whole.
+        # voice and persona): only near the bound is it worth measuring whole.
         bound = self.limits.max_config_bytes
-        if self._config_bytes + _json_size(record.config) + CONFIG_SLACK_BYTES <= bound:
-            return prompt, effective
-        size = _json_size(effective)
+        update_bytes = _size_of(update_entries) if update_entries is not None else _json_size(record.config)
+        if self._config_bytes + update_bytes + CONFIG_SLACK_BYTES <= bound:
+            return prompt, effective, entries
+        size = _size_of(entries) if entries is not None else _json_size(effective)
         if size > bound:
             return _Refusal(
                 "invalid_value",
                 f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}",
             )
-        return prompt, effective
+        return prompt, effective, entries
 
     def refusal_for_update(self, record: r.Update) -> r.Rejected | None:
         """The small ``rejected`` record to log instead of an update the core would refuse
@@ -391,11 +443,12 @@ class SessionCore:
         if isinstance(outcome, _Refusal):
             self._error(out, outcome.code, outcome.message, record.client_event_id)
             return
-        prompt, effective = outcome
+        prompt, effective, entries = outcome
         changed = prompt != self.prompt
         self.prompt = prompt
         self.config = effective
-        self._config_bytes = _json_size(effective)
+        self._config_entries = entries
+        self._config_bytes = _size_of(entries) if entries is not None else _json_size(effective)
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
         if changed and not self.locked:
             out.append(ResetSlot(self.epoch, prompt))
