@@ -117,6 +117,7 @@ class Connection:
         self._closing_sent = False
         self._closed_code: int | None = None
         self._nursery: trio.Nursery | None = None
+        self._budget: InputBudget | None = None  # the reader's, once it reads
 
     # -- sending ---------------------------------------------------------------------------------
     async def _send_obj(self, message: OutboundMessage) -> None:
@@ -209,7 +210,7 @@ class Connection:
 
     async def _reader(self) -> None:
         assert self.session is not None
-        budget = InputBudget(self.rate_limits, trio.current_time())
+        budget = self._budget = InputBudget(self.rate_limits, trio.current_time())
         while not self.session.closed:
             with trio.move_on_after(self.idle_timeout_s) as idle:
                 data = await self.transport.receive()
@@ -230,9 +231,25 @@ class Connection:
                 # The socket is not read meanwhile: TCP pushes back.
                 await trio.sleep(max(delay, HOLD_QUANTUM_S))
             await self._handle(data)
+            if self.session.closed:
+                return
             if budget.persistent(trio.current_time(), self.session.input_held_since):
                 await self._rate_limited()
                 return
+
+    async def _control_budget(self, data: WireMessage) -> bool:
+        """Wait until a text message that is not an append fits the control bytes of the
+        budget (``RateLimits.control_bytes_per_s``): the socket is not read meanwhile. False
+        (not to be handled) once the client stayed held back too long and was closed."""
+        budget, session = self._budget, self.session
+        if budget is None or session is None or not isinstance(data, str):
+            return True
+        while (delay := budget.admit_control(trio.current_time(), len(data))) > 0:
+            if budget.persistent(trio.current_time(), session.input_held_since):
+                await self._rate_limited()
+                return False
+            await trio.sleep(max(delay, HOLD_QUANTUM_S))
+        return True
 
     async def _rate_limited(self) -> None:
         """The client stayed beyond its budget: say so, close the session (1008)."""
@@ -258,7 +275,10 @@ class Connection:
         try:
             command = self.dialect.parse(data, session.core.config)
         except ProtocolError as err:
-            await session.reject(err.event_type or "unknown", err.code, err.message, err.client_event_id)
+            if await self._control_budget(data):
+                await session.reject(err.event_type or "unknown", err.code, err.message, err.client_event_id)
+            return
+        if type(command) is not AppendCommand and not await self._control_budget(data):
             return
         try:
             # An append that needs no wait is queued without a trip through the scheduler (the
