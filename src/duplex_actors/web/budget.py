@@ -105,9 +105,10 @@ class InputBudget:
         return self._admit(now, ((self.control, float(nbytes)),))
 
     def _admit(self, now: float, costs: tuple[tuple[TokenBucket, float], ...]) -> float:
-        for bucket, _ in costs:
+        delay = 0.0
+        for bucket, cost in costs:
             bucket.refill(now)
-        delay = max(bucket.wait(cost) for bucket, cost in costs)
+            delay = max(delay, bucket.wait(cost))
         if delay > 0:
             if not self._waiting and self.held_since is None:
                 self.held_since = now

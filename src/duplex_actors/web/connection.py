@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -75,6 +76,7 @@ IDLE_GRACE_S = 0.25
 # A client held back by its budget is read again no sooner than this: at 200 messages/s one
 # wake-up admits ~4 of them instead of one wake-up (and timer) per message. The rate is the same.
 HOLD_QUANTUM_S = 0.02
+_NOTHING: Any = object()  # no message pending
 
 
 class Transport:
@@ -209,11 +211,24 @@ class Connection:
             self._nursery.cancel_scope.cancel()
 
     async def _reader(self) -> None:
-        assert self.session is not None
+        session = self.session
+        assert session is not None
         budget = self._budget = InputBudget(self.rate_limits, trio.current_time())
-        while not self.session.closed:
-            with trio.move_on_after(self.idle_timeout_s) as idle:
-                data = await self.transport.receive()
+        while not session.closed:
+            # One idle scope for many messages (a scope per message cost more than parsing a
+            # small append): its deadline moves on at each receive and is lifted while the
+            # message is handled, so it only ever cancels a receive.
+            data: Any = _NOTHING
+            with trio.CancelScope() as idle:
+                while not session.closed:
+                    idle.deadline = trio.current_time() + self.idle_timeout_s
+                    received = await self.transport.receive()
+                    idle.deadline = math.inf
+                    if idle.cancel_called:  # expired as the message came: handled outside
+                        data = received
+                        break
+                    if not await self._admit_and_handle(budget, received):
+                        return
             if idle.cancelled_caught:
                 # Idle means nothing arrived, not that the loop did not look (a process paused
                 # past the deadline finds the client's messages waiting in the socket): what
@@ -221,21 +236,30 @@ class Connection:
                 with trio.move_on_after(IDLE_GRACE_S) as grace:
                     data = await self.transport.receive()
                 if grace.cancelled_caught:
-                    await self.session.close("timeout")
+                    await session.close("timeout")
                     return
-            size = len(data) if data is not None else 0
-            while (delay := budget.admit(trio.current_time(), size)) > 0:
-                if budget.persistent(trio.current_time(), self.session.input_held_since):
-                    await self._rate_limited()
-                    return
-                # The socket is not read meanwhile: TCP pushes back.
-                await trio.sleep(max(delay, HOLD_QUANTUM_S))
-            await self._handle(data)
-            if self.session.closed:
+            if data is not _NOTHING and not await self._admit_and_handle(budget, data):
                 return
-            if budget.persistent(trio.current_time(), self.session.input_held_since):
+
+    async def _admit_and_handle(self, budget: InputBudget, data: WireMessage) -> bool:
+        """Wait for the budget, then handle one message; False once the reader must stop (the
+        session closed, or the client stayed held back too long and was closed)."""
+        session = self.session
+        assert session is not None
+        size = len(data) if data is not None else 0
+        while (delay := budget.admit(trio.current_time(), size)) > 0:
+            if budget.persistent(trio.current_time(), session.input_held_since):
                 await self._rate_limited()
-                return
+                return False
+            # The socket is not read meanwhile: TCP pushes back.
+            await trio.sleep(max(delay, HOLD_QUANTUM_S))
+        await self._handle(data)
+        if session.closed:
+            return False
+        if budget.persistent(trio.current_time(), session.input_held_since):
+            await self._rate_limited()
+            return False
+        return True
 
     async def _control_budget(self, data: WireMessage) -> bool:
         """Wait until a text message that is not an append fits the control bytes of the
