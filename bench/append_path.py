@@ -58,6 +58,8 @@ EXE = str(Path(sys.executable).with_name("duplex-actors"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 UNLIMITED = ["--max-messages-per-s", "1e9", "--message-burst", "1e9", "--max-bytes-per-s", "1e12"]
 UNLIMITED += ["--byte-burst", "1e12", "--input-budget", "600", "--idle-timeout", "600"]
+# (the control bytes of non-audio messages have no flag: the 200 KB updates below are held to
+# 128 KiB/s after a 1 MiB burst, so their wall time shows the budget; their CPU is the work)
 
 
 def append_text(samples: int) -> str:
@@ -260,6 +262,7 @@ def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, f
 
 # -- arm: in process ---------------------------------------------------------------------------
 async def _inproc_run(engine: Any, messages: list[str], profile: cProfile.Profile | None) -> float:
+    import attrs
     import trio
 
     from duplex_actors.counters import Counters
@@ -269,6 +272,8 @@ async def _inproc_run(engine: Any, messages: list[str], profile: cProfile.Profil
     from duplex_actors.web.dialects import RealtimeDialect
 
     unlimited = RateLimits(messages_per_s=1e9, message_burst=1e9, bytes_per_s=1e12, byte_burst=1e12)
+    if hasattr(unlimited, "control_bytes_per_s"):  # measure the work, not the budget
+        unlimited = attrs.evolve(unlimited, control_bytes_per_s=1e12, control_byte_burst=1e12)
     with tempfile.TemporaryDirectory(prefix="bench-append-") as tmp:
         async with open_duplex_server(engine, log_dir=tmp, fsync=True) as server:
             queue = iter([*messages, '{"type":"session.close"}'])
