@@ -515,7 +515,7 @@ def test_the_append_fast_path_answers_exactly_as_the_converter(fields: dict[str,
     def outcome(fn: Any) -> Any:
         try:
             return fn()
-        except codec.ProtocolError as err:
+        except ProtocolError as err:
             return (err.code, err.message, err.param, err.client_event_id)
 
     fast = outcome(lambda: codec.parse_client_text(text, dialect=dialect))  # type: ignore[arg-type]
@@ -524,12 +524,12 @@ def test_the_append_fast_path_answers_exactly_as_the_converter(fields: dict[str,
 
 
 def test_the_append_fast_path_leaves_non_finite_numbers_and_long_ids_to_the_general_checks() -> None:
-    with pytest.raises(codec.ProtocolError) as err:
+    with pytest.raises(ProtocolError) as err:
         codec.parse_client_text(
             '{"type":"input_audio_buffer.append","audio":"AAA=","n":1e400}', dialect="realtime"
         )
     assert err.value.code == "bad_event"
     long_id = json.dumps({"type": "input_audio_buffer.append", "audio": "AAA=", "event_id": "e" * 513})
-    with pytest.raises(codec.ProtocolError) as err:
+    with pytest.raises(ProtocolError) as err:
         codec.parse_client_text(long_id, dialect="realtime")
     assert err.value.code == "bad_event" and err.value.param == "event_id"

@@ -331,7 +331,8 @@ _JSON = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), _JSON, max_size=6))
 def test_the_config_size_from_entry_sizes_is_the_compact_json_size(config):
-    assert _size_of(_entry_sizes(config)) == _json_size(config)
+    entries = _entry_sizes(config)
+    assert entries is not None and _size_of(entries) == _json_size(config)
 
 
 def test_a_refused_oversize_update_names_the_exact_merged_size():
