@@ -344,8 +344,10 @@ def parse_client_text(
 
 
 # The fields an append may have to take the fast path, with their one JSON type each (both
-# dialects' appends share them). A message with any other key, or a value of another type, goes
-# the general way (the converter), which gives every documented answer to bad input.
+# dialects' appends share them); each is an attribute of InputAudioBufferAppend, so a new
+# optional field is one more entry here. A message with any other key, or a value of another
+# type (null included), goes the general way (the converter), which gives every documented
+# answer to bad input.
 _FAST_APPEND_FIELDS: Final[dict[str, type]] = {"type": str, "audio": str, "event_id": str}
 
 
@@ -359,12 +361,9 @@ def _fast_append(obj: Any) -> InputAudioBufferAppend | None:
         if type(value) is not _FAST_APPEND_FIELDS.get(key):
             return None
     event_id = obj.get("event_id")
-    if event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS:
+    if "audio" not in obj or (event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS):
         return None
-    audio = obj.get("audio")
-    if audio is None:
-        return None
-    return InputAudioBufferAppend(audio=audio, event_id=event_id)
+    return InputAudioBufferAppend(**{k: v for k, v in obj.items() if k != "type"})
 
 
 def parse_client_object(obj: Any, *, dialect: Dialect, non_finite: str | None = None) -> ClientEvent:
