@@ -126,3 +126,11 @@ def test_control_messages_of_real_clients_pass_and_large_updates_are_held_to_the
     expected = (40 * 200_000 - limits.control_byte_burst) / limits.control_bytes_per_s
     assert handled[-1] == pytest.approx(expected, rel=0.01)
     assert budget.held_since == 0.0 and budget.persistent(limits.persist_s + 1)
+
+
+def test_one_huge_control_message_costs_at_most_the_control_burst():
+    limits = RateLimits()
+    budget = InputBudget(limits, 0.0)
+    assert budget.admit_control(0.0, 16 * 1024 * 1024) == 0.0
+    # the next small control message waits for the control bucket, not for 16 MiB of debt
+    assert budget.admit_control(0.0, 100) == pytest.approx(100 / limits.control_bytes_per_s)

@@ -101,8 +101,11 @@ class InputBudget:
 
     def admit_control(self, now: float, nbytes: int) -> float:
         """Like :meth:`admit`, for the control bytes of a message that is not audio (asked
-        once it has passed :meth:`admit` and been parsed)."""
-        return self._admit(now, ((self.control, float(nbytes)),))
+        once it has passed :meth:`admit` and been parsed). One message costs at most the
+        control burst: a single huge message is the byte budget's to pay for (its debt there
+        already holds the client back), not a debt of minutes here."""
+        cost = min(float(nbytes), self.limits.control_byte_burst)
+        return self._admit(now, ((self.control, cost),))
 
     def _admit(self, now: float, costs: tuple[tuple[TokenBucket, float], ...]) -> float:
         delay = 0.0
