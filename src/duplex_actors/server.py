@@ -128,6 +128,24 @@ class SessionHandle:
             await self._send(r.Pad(pad_ms * SAMPLE_RATE // 1000, "client"))
         await self._send_input(record)
 
+    def append_bytes_nowait(
+        self,
+        audio: bytes,
+        format: str = "pcm16",
+        *,
+        client_event_id: str | None = None,
+        sample_rate_hz: int = SAMPLE_RATE,
+    ) -> bool:
+        """:meth:`append_bytes` when it would not wait (the connection's fast path for small
+        appends); False, nothing queued, when it would."""
+        try:
+            queued = self._actor.send_append_nowait(r.Append(audio, format, client_event_id, sample_rate_hz))
+        except trio.ClosedResourceError:
+            raise trio.ClosedResourceError(f"session {self.session_id} has ended") from None
+        if queued:
+            self.input_held_since = None
+        return queued
+
     async def _send_input(self, record: r.Append) -> None:
         started = trio.current_time()
         if await self._actor.wait_for_input_room(record):

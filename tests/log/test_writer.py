@@ -317,3 +317,21 @@ async def test_failed_directory_fsync_fails_the_logs_created_since_the_last_one(
         assert writer.failed_logs == 1 and not writer.healthy
         with pytest.raises(LogFailed):
             new.append_nowait(r.Cancel())
+
+
+async def test_a_batch_nobody_waits_for_lingers_and_a_waiter_commits_it_at_once(tmp_path: Path) -> None:
+    async with open_log_writer(tmp_path, linger_s=30.0) as writer:
+        log = writer.create("a")
+        for i in range(10):  # a trickle: each record alone on the queue for a moment
+            seq = log.append_nowait(step(i))
+            await trio.sleep(0)
+        assert log.durable_seq == -1 and writer.statistics().batches == 0  # lingering
+        with trio.fail_after(10):  # far less than the linger: the waiter made it commit
+            await log.wait_durable(seq)
+        stats = writer.statistics()
+        assert (stats.batches, stats.records_written) == (1, 10)
+        log.append_nowait(r.Heartbeat())
+        log.close_nowait()  # a close does not linger either
+        with trio.fail_after(10):
+            await log.wait_closed()
+    assert len(read_log(log.path).records) == 11

@@ -490,3 +490,46 @@ def test_client_events_round_trip_through_the_converter(event: wire.ClientEvent)
     assert parse_client_text(codec.dumps(obj), dialect="native") == event
     if not isinstance(event, wire.SessionCreate):
         assert parse_client_text(codec.dumps(obj), dialect="realtime") == event
+
+
+_APPEND_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=2)
+)
+
+
+@settings(max_examples=400)
+@given(
+    st.dictionaries(
+        st.sampled_from(["audio", "event_id", "format", "sample_rate_hz", "extra"]),
+        _APPEND_VALUES,
+        max_size=4,
+    ),
+    st.sampled_from(["realtime", "native"]),
+)
+def test_the_append_fast_path_answers_exactly_as_the_converter(fields: dict[str, Any], dialect: str) -> None:
+    """Whatever an append carries, parse_client_text (fast path or not) gives the event or the
+    refusal the converter alone gives."""
+    obj = {"type": "input_audio_buffer.append", **fields}
+    text = json.dumps(obj)
+
+    def outcome(fn: Any) -> Any:
+        try:
+            return fn()
+        except ProtocolError as err:
+            return (err.code, err.message, err.param, err.client_event_id)
+
+    fast = outcome(lambda: codec.parse_client_text(text, dialect=dialect))  # type: ignore[arg-type]
+    slow = outcome(lambda: codec.parse_client_object(json.loads(text), dialect=dialect))  # type: ignore[arg-type]
+    assert fast == slow
+
+
+def test_the_append_fast_path_leaves_non_finite_numbers_and_long_ids_to_the_general_checks() -> None:
+    with pytest.raises(ProtocolError) as err:
+        codec.parse_client_text(
+            '{"type":"input_audio_buffer.append","audio":"AAA=","n":1e400}', dialect="realtime"
+        )
+    assert err.value.code == "bad_event"
+    long_id = json.dumps({"type": "input_audio_buffer.append", "audio": "AAA=", "event_id": "e" * 513})
+    with pytest.raises(ProtocolError) as err:
+        codec.parse_client_text(long_id, dialect="realtime")
+    assert err.value.code == "bad_event" and err.value.param == "event_id"

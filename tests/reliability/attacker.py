@@ -2,8 +2,8 @@
 as a real attacker would be on another machine): ``python -m tests.reliability.attacker PORT MODE
 SECONDS``. Modes: ``flood`` (80 ms pcm16 appends as fast as TCP takes them), ``tiny`` (appends
 of one sample each), ``upload:S`` (S seconds of audio at once, then nothing), ``config``
-(session.update after session.update, each adding a new 200 KB key, then a value of 1e400, a
-persona with a lone surrogate and one far past the model's context, over and over). On a close it
+(a value of 1e400, a persona with a lone surrogate and one far past the model's context, then
+session.update after session.update, each adding a new 200 KB key, over and over). On a close it
 reconnects, as a determined attacker would. Prints one JSON object: what it sent per second,
 and every error code and close code the server gave it."""
 
@@ -40,11 +40,13 @@ async def main(port: int, mode: str, seconds: float) -> None:
         one = frame_bytes(OP_TEXT, append_text(tone_pcm16(1)[:2]).encode())
         batch, per_batch = one * 64, 64
     elif mode == "config":
-        updates = [{f"k{i}": "x" * 200_000} for i in range(40)] + [
+        # The small hostile values first: the 200 KB updates are held to the control-byte
+        # budget (a few per connection), so values after them would never be read.
+        updates = [
             {"temperature": "1e400"},
             {"instructions": "\ud800 hi"},
             {"instructions": "many words " * 200},
-        ]
+        ] + [{f"k{i}": "x" * 200_000} for i in range(40)]
         texts = [
             json.dumps({"type": "session.update", "event_id": f"a{i}", "session": u}).replace(
                 '"1e400"', "1e400"

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duplex_actors.audio import FRAME_SAMPLES, encode_f32
 from duplex_actors.log import records as r
@@ -18,6 +20,9 @@ from duplex_actors.session.core import (
     SessionCore,
     SessionLimits,
     SubmitFrame,
+    _entry_sizes,
+    _json_size,
+    _size_of,
 )
 
 SID = "sess_0123456789abcdef01234567"
@@ -288,3 +293,53 @@ def test_an_extra_body_that_is_not_an_object_is_refused():
     opened = SessionCore(SID, detect_family(["NATF2.pt"]))
     kinds = [type(e).__name__ for e in events(opened.apply(r.Open({"extra_body": "x"}, "o1")))]
     assert kinds == ["SessionCreated", "SessionUpdated", "Error"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=12))
+def test_frames_do_not_depend_on_how_the_input_was_chunked(sizes):
+    """The partial frame is a reused buffer: every submitted frame is its own copy, equal to
+    the frames of the same samples appended in one go, and the tail is what is left."""
+    rng = np.random.default_rng(len(sizes))
+    samples = (0.1 * rng.standard_normal(sum(sizes))).astype(np.float32)
+    whole, chunked = new_core(), new_core()
+    one = [
+        e.samples
+        for e in whole.apply(r.Append(encode_f32(samples), "pcm_f32le"))
+        if isinstance(e, SubmitFrame)
+    ]
+    many, at = [], 0
+    for n in sizes:
+        effects = chunked.apply(r.Append(encode_f32(samples[at : at + n]), "pcm_f32le"))
+        many += [e.samples for e in effects if isinstance(e, SubmitFrame)]
+        at += n
+    assert len(one) == len(many) == len(samples) // FRAME_SAMPLES
+    for a, b in zip(one, many, strict=True):
+        assert a.tobytes() == b.tobytes()
+    assert len({id(f) for f in many}) == len(many)
+    assert whole.buffered_samples == chunked.buffered_samples
+    assert chunked.buffered_samples == len(samples) % FRAME_SAMPLES + chunked.frames_pending * FRAME_SAMPLES
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _JSON, max_size=6))
+def test_the_config_size_from_entry_sizes_is_the_compact_json_size(config):
+    entries = _entry_sizes(config)
+    assert entries is not None and _size_of(entries) == _json_size(config)
+
+
+def test_a_refused_oversize_update_names_the_exact_merged_size():
+    core = new_core(max_config_bytes=64 * 1024)
+    first = {"k0": "x" * 40_000}
+    assert [type(e) for e in events(core.apply(r.Update(first)))] == [ev.SessionUpdated]
+    update = {"k1": "y" * 40_000}
+    merged = core._effective({**core.config, **update}, core.prompt)
+    (err,) = events(core.apply(r.Update(update)))
+    assert err.code == "invalid_value" and f"would be {_json_size(merged)} bytes" in err.message

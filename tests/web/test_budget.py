@@ -96,3 +96,41 @@ def test_limits_must_be_positive():
         RateLimits(messages_per_s=0)
     with pytest.raises(ValueError):
         RateLimits(message_burst=0.5)
+
+
+def run_control(budget: InputBudget, arrivals: list[tuple[float, int]]) -> list[float]:
+    """As ``run``, for messages that are not audio: the general budget, then the control bytes."""
+    handled, now = [], 0.0
+    for at, size in arrivals:
+        now = max(now, at)
+        while (delay := budget.admit(now, size)) > 0:
+            now += delay
+        while (delay := budget.admit_control(now, size)) > 0:
+            now += delay
+        handled.append(now)
+    return handled
+
+
+def test_control_messages_of_real_clients_pass_and_large_updates_are_held_to_the_control_rate():
+    limits = RateLimits()
+    # Four updates of the largest config the core takes, then acks (25/s, ~100 bytes) for 10 min.
+    budget = InputBudget(limits, 0.0)
+    arrivals = [(0.0, 256 * 1024)] * 4 + [(0.1 + i * 0.04, 100) for i in range(15_000)]
+    handled = run_control(budget, arrivals)
+    assert all(h == at for h, (at, _) in zip(handled, arrivals, strict=True))
+    assert budget.held_since is None
+    # 40 updates of 200 KB at once: the burst takes five, the rest go at the control rate.
+    budget = InputBudget(limits, 0.0)
+    handled = run_control(budget, [(0.0, 200_000)] * 40)
+    assert handled[4] == 0.0 and handled[5] > 0.0
+    expected = (40 * 200_000 - limits.control_byte_burst) / limits.control_bytes_per_s
+    assert handled[-1] == pytest.approx(expected, rel=0.01)
+    assert budget.held_since == 0.0 and budget.persistent(limits.persist_s + 1)
+
+
+def test_one_huge_control_message_costs_at_most_the_control_burst():
+    limits = RateLimits()
+    budget = InputBudget(limits, 0.0)
+    assert budget.admit_control(0.0, 16 * 1024 * 1024) == 0.0
+    # the next small control message waits for the control bucket, not for 16 MiB of debt
+    assert budget.admit_control(0.0, 100) == pytest.approx(100 / limits.control_bytes_per_s)

@@ -18,6 +18,11 @@ event loop. Policies:
   reported meanwhile, ``healthy`` is True again (``log.health`` decides). Logs that failed stay failed.
 * **Durability is observable.** :meth:`SessionLog.wait_durable` returns once a record is committed,
   so a caller can hold an acknowledgement back until then.
+* **Commits linger.** A batch whose records nobody waits for is committed ``linger_s`` (10 ms)
+  after its first record, so a trickle of small records (a storm of tiny appends, many sessions'
+  20 ms chunks) costs one commit, one hop into a worker thread and back, per ``linger_s``, not
+  one per record. Anything that waits (``wait_durable``, a close, a flush, a queue half full,
+  ``wait_for_room``) commits at once.
 * **Live logs are locked.** Each open log file holds a shared ``flock`` for as long as the writer
   has it open; retention (``log.retention``) skips a file whose lock it cannot take.
 """
@@ -167,6 +172,7 @@ class SessionLog:
             return
         self._closing = True
         self._writer._enqueue(_Close(self))
+        self._writer._urgent.set()
 
     async def wait_for_room(self) -> None:
         """Return once the writer's queue has room for a record, or the writer is shut down
@@ -183,6 +189,7 @@ class SessionLog:
             self._raise_if_failed()
             if self.closed:
                 raise LogClosed(f"session log {self.session_id} closed before record {seq}")
+            self._writer._urgent.set()
             await self._durable.wait()
         await trio.lowlevel.checkpoint()
 
@@ -292,11 +299,14 @@ class LogWriter:
         io_threads: int,
         on_failure: Callable[[SessionLog, OSError], None] | None,
         probe_interval_s: float = 5.0,
+        linger_s: float = 0.0,
     ) -> None:
         if max_queued < 1 or io_threads < 1:
             raise ValueError("max_queued and io_threads must be at least 1")
         if not probe_interval_s > 0:
             raise ValueError("probe_interval_s must be positive")
+        if not linger_s >= 0:
+            raise ValueError("linger_s must not be negative")
         self.log_dir: Final = log_dir
         self._fsync = fsync
         self._inline_io = inline_io
@@ -307,6 +317,9 @@ class LogWriter:
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
         self._queued = 0
         self._room = trio.Event()  # set (and replaced) whenever queued records are taken
+        # With inline I/O (virtual time) there is no thread hop to save: commit at once.
+        self._linger_s = 0.0 if inline_io else linger_s
+        self._urgent = trio.Event()  # set: somebody waits for the next commit; no lingering
         self._shut_down = False
         self._open: set[SessionLog] = set()
         self._created_since_dir_sync: list[SessionLog] = []
@@ -405,12 +418,14 @@ class LogWriter:
         """
         done = trio.Event()
         self._enqueue(_Flush(done))
+        self._urgent.set()
         await done.wait()
 
     async def _wait_for_room(self) -> None:
         if self._queued < self._max_queued or self._shut_down:
             await trio.lowlevel.checkpoint()
             return
+        self._urgent.set()
         while self._queued >= self._max_queued and not self._shut_down:
             await self._room.wait()
 
@@ -423,6 +438,8 @@ class LogWriter:
             raise LogBackpressure(f"log writer queue full ({self._max_queued} records)")
         self._enqueue(request)
         self._queued += 1
+        if 2 * self._queued >= self._max_queued:
+            self._urgent.set()
 
     def _enqueue(self, request: _Request) -> None:
         try:
@@ -433,9 +450,16 @@ class LogWriter:
     async def _run(self) -> None:
         try:
             async for first in self._receive:
+                if self._linger_s > 0 and not self._urgent.is_set():
+                    with trio.move_on_after(self._linger_s):
+                        await self._urgent.wait()
+                batch = [first, *self._take_queued()]
+                # Whoever set it waits for a record of this batch; later waiters set it again.
+                if self._urgent.is_set():
+                    self._urgent = trio.Event()
                 # A batch taken off the queue is always finished: its records exist nowhere else.
                 with trio.CancelScope(shield=True):
-                    await self._commit([first, *self._take_queued()])
+                    await self._commit(batch)
         finally:
             # Shutdown, even by cancellation: commit what is queued (bounded by max_queued), then
             # close every file.
@@ -509,6 +533,9 @@ class LogWriter:
         dir_error: OSError | None = None
         # Files go to up to ``io_threads`` threads: concurrent fdatasyncs can share a journal commit.
         groups = [jobs[i :: self._io_threads] for i in range(min(self._io_threads, len(jobs)))]
+        if len(groups) == 1 and not sync_dir:  # the common batch: one hop, no nursery
+            await trio.to_thread.run_sync(_run_jobs, groups[0])
+            return None
 
         async def run_group(group: list[_FileJob]) -> None:
             await trio.to_thread.run_sync(_run_jobs, group)
@@ -603,6 +630,7 @@ class LogWriter:
         self._shut_down = True
         self._probe_scope.cancel()
         self._send.close()
+        self._urgent.set()
         self._room_made()  # nobody waits for room in a queue that takes no more
 
 
@@ -616,6 +644,7 @@ async def open_log_writer(
     io_threads: int = 4,
     on_failure: Callable[[SessionLog, OSError], None] | None = None,
     probe_interval_s: float = 5.0,
+    linger_s: float = 0.01,
 ) -> AsyncIterator[LogWriter]:
     """Run a :class:`LogWriter` for the body of the ``async with``; one per process.
 
@@ -624,7 +653,8 @@ async def open_log_writer(
     ``MockClock`` (which jumps while a thread works). ``on_failure(log, error)`` is called from the
     writer task when a log fails; it must not raise. On exit everything queued is committed and
     every file still open is closed; appends after that raise :class:`LogClosed`.
-    ``probe_interval_s``: how often an unavailable log dir is probed.
+    ``probe_interval_s``: how often an unavailable log dir is probed. ``linger_s``: how long a
+    batch nobody waits for gathers records before its commit (0 with ``inline_io``).
     """
     path = Path(log_dir)
     path.mkdir(parents=True, exist_ok=True)
@@ -636,6 +666,7 @@ async def open_log_writer(
         io_threads=io_threads,
         on_failure=on_failure,
         probe_interval_s=probe_interval_s,
+        linger_s=linger_s,
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer._run)

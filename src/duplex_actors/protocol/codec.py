@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -265,6 +266,44 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _StrictDecoder:
+    """A JSON decoder that refuses NaN/Infinity literals and notes number literals Python
+    cannot hold as a finite float (``1e400``, a 400-digit integer): they would reach the core
+    as inf or overflow later, so they are refused once the envelope is known. Made once per
+    thread (building a decoder per message cost more than parsing a small one)."""
+
+    def __init__(self) -> None:
+        self.non_finite: list[str] = []
+        self.decoder = json.JSONDecoder(
+            parse_constant=_refuse_constant, parse_float=self._float, parse_int=self._int
+        )
+
+    def _float(self, literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            self.non_finite.append(literal)
+        return value
+
+    def _int(self, literal: str) -> int:
+        value = int(literal)
+        if len(literal) > 300:
+            try:
+                float(value)
+            except OverflowError:
+                self.non_finite.append(literal)
+        return value
+
+
+_DECODERS = threading.local()
+
+
+def _strict_decoder() -> _StrictDecoder:
+    decoder: _StrictDecoder | None = getattr(_DECODERS, "decoder", None)
+    if decoder is None:
+        decoder = _DECODERS.decoder = _StrictDecoder()
+    return decoder
+
+
 def _too_large(text: str, limit: int) -> bool:
     # Every character is 1 to 4 UTF-8 bytes: encode only when the length cannot decide.
     if len(text) > limit:
@@ -287,30 +326,44 @@ def parse_client_text(
     ``bad_event``, ``unknown_event``) and nothing else."""
     if _too_large(text, max_message_bytes):
         raise ProtocolError(codes.BAD_EVENT, f"message larger than {max_message_bytes} bytes")
-    # Valid JSON that Python cannot hold as a finite float (``1e400``, a 400-digit integer)
-    # would reach the core as inf or overflow later: noted here, refused once the envelope is known.
-    non_finite: list[str] = []
-
-    def parse_float(literal: str) -> float:
-        value = float(literal)
-        if not math.isfinite(value):
-            non_finite.append(literal)
-        return value
-
-    def parse_int(literal: str) -> int:
-        value = int(literal)
-        if len(literal) > 300:
-            try:
-                float(value)
-            except OverflowError:
-                non_finite.append(literal)
-        return value
-
+    decoder = _strict_decoder()
+    non_finite = decoder.non_finite
+    non_finite.clear()
     try:
-        obj = json.loads(text, parse_constant=_refuse_constant, parse_float=parse_float, parse_int=parse_int)
+        if text.startswith("\ufeff"):  # json.loads' own refusal (decode() does not check)
+            json.loads(text)
+        obj = decoder.decoder.decode(text)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(codes.INVALID_JSON, f"message is not valid JSON: {exc}") from None
-    return parse_client_object(obj, dialect=dialect, non_finite=non_finite[0] if non_finite else None)
+    if not non_finite:
+        append = _fast_append(obj)
+        if append is not None:
+            return append
+        return parse_client_object(obj, dialect=dialect)
+    return parse_client_object(obj, dialect=dialect, non_finite=non_finite[0])
+
+
+# The fields an append may have to take the fast path, with their one JSON type each (both
+# dialects' appends share them); each is an attribute of InputAudioBufferAppend, so a new
+# optional field is one more entry here. A message with any other key, or a value of another
+# type (null included), goes the general way (the converter), which gives every documented
+# answer to bad input.
+_FAST_APPEND_FIELDS: Final[dict[str, type]] = {"type": str, "audio": str, "event_id": str}
+
+
+def _fast_append(obj: Any) -> InputAudioBufferAppend | None:
+    """The append a well-formed ``input_audio_buffer.append`` object is, without the converter
+    (an append is most of what a client sends: one dict lookup for ``type``, one type check per
+    field); None for anything that needs the general path's checks."""
+    if type(obj) is not dict or obj.get("type") != InputAudioBufferAppend.TYPE:
+        return None
+    for key, value in obj.items():
+        if type(value) is not _FAST_APPEND_FIELDS.get(key):
+            return None
+    event_id = obj.get("event_id")
+    if "audio" not in obj or (event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS):
+        return None
+    return InputAudioBufferAppend(**{k: v for k, v in obj.items() if k != "type"})
 
 
 def parse_client_object(obj: Any, *, dialect: Dialect, non_finite: str | None = None) -> ClientEvent:

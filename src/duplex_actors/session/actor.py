@@ -181,6 +181,20 @@ class SessionActor:
         while applied and self._commands_done < ordinal and not self.done.is_set():
             await self._progress.wait()
 
+    def send_append_nowait(self, record: r.Append) -> bool:
+        """Queue an append when that needs no wait (room in the inbox, the backlog within its
+        soft budget or the append past the hard limit, see :meth:`wait_for_input_room`);
+        False, nothing queued, otherwise."""
+        samples = input_samples(record)
+        limits = self.core.limits
+        backlog = self.core.buffered_samples + self._queued_input
+        if backlog > limits.input_budget_samples and backlog + samples <= limits.max_buffered_samples:
+            return False
+        if self.inbox.put_command_nowait(record) is None:
+            return False
+        self._queued_input += samples
+        return True
+
     @property
     def input_backlog(self) -> int:
         """Input received and not yet stepped (24 kHz samples), the appends still queued too."""
@@ -227,6 +241,10 @@ class SessionActor:
     async def _append(self, record: r.Record) -> int:
         """Queue a record for the log; when the writer's shared queue is full, wait (at most
         ``LOG_ROOM_TIMEOUT_S``) for the writer to make room rather than failing the session."""
+        try:
+            return self.log.append_nowait(record)
+        except LogBackpressure:
+            pass
         with trio.move_on_after(LOG_ROOM_TIMEOUT_S):
             while True:
                 try:

@@ -131,6 +131,29 @@ def _json_size(config: Mapping[str, Any]) -> int:
     return len(json.dumps(config, separators=(",", ":"), default=str))
 
 
+def _entry_size(key: str, value: Any) -> int:
+    """Length of ``"key":value`` in a config's compact JSON (as ``_json_size`` writes it)."""
+    return len(json.dumps(key)) + 1 + len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _entry_sizes(config: Mapping[str, Any]) -> dict[str, int] | None:
+    """Each entry's share of ``_json_size(config)``; None when a key is not a string (JSON
+    would convert it, and the sum would not be exact)."""
+    out: dict[str, int] = {}
+    for key, value in config.items():
+        if type(key) is not str:
+            return None
+        out[key] = _entry_size(key, value)
+    return out
+
+
+def _size_of(entries: Mapping[str, int]) -> int:
+    """``_json_size`` of the config whose entry sizes are ``entries``: braces and commas added,
+    so a merged config is measured without serialising it whole (a 200 KB update refused by
+    the bound costs one serialisation of the update, not of the merged config)."""
+    return 2 + sum(entries.values()) + max(0, len(entries) - 1)
+
+
 @attrs.frozen(slots=True)
 class _Refusal:
     code: str
@@ -200,6 +223,10 @@ class SessionCore:
         self.state = State.IDLE
         self.config: dict[str, Any] = {}
         self._config_bytes = 2  # of self.config as compact JSON ("{}")
+        self._config_entries: dict[str, int] | None = {}  # its entries' sizes (_entry_sizes)
+        # The last update outcome computed, for the same record in the same state (the shell
+        # asks refusal_for_update, then applies the record): computed once, not twice.
+        self._outcome_memo: tuple[Any, ...] | None = None
         self.prompt: Any = None
         self.epoch = 0
         self.frames_in = 0  # whole input frames drained (= next frame index)
@@ -207,13 +234,16 @@ class SessionCore:
         self.frames_out = 0  # output frames emitted
         self._header_seen = False
         self.format_version: int | None = None  # of the log, from its header
-        self._tail: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
-        # Where the tail's samples came from: (24 kHz samples, client position at their start,
+        # Where the partial frame's samples came from: (24 kHz samples, client position at their start,
         # at their end), oldest first; a pad's start and end are the same position.
         self._tail_marks: list[tuple[int, int, int]] = []
         self.client_samples = 0  # the client's own stream so far (samples at its rates)
         self.pad_samples = 0  # alignment pads inserted (24 kHz samples)
         self._frame_ends: dict[int, int] = {}  # frame index -> input_samples_end, until stepped
+        # The partial input frame: ``_fill`` samples of ``_frame`` (a preallocated frame buffer,
+        # so a tiny append copies its samples in rather than re-concatenating the tail).
+        self._frame: npt.NDArray[np.float32] = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+        self._fill = 0
         # Input at the client's format and rate -> 24 kHz; its state is rebuilt on replay by the
         # same appends in the same order.
         self._input = InputStream()
@@ -238,12 +268,12 @@ class SessionCore:
 
     @property
     def buffered_samples(self) -> int:
-        return len(self._tail) + self.frames_pending * FRAME_SAMPLES
+        return self._fill + self.frames_pending * FRAME_SAMPLES
 
     @property
     def tail_samples(self) -> int:
         """The partial input frame (24 kHz samples not yet a whole frame)."""
-        return len(self._tail)
+        return self._fill
 
     @property
     def alignment(self) -> str:
@@ -287,7 +317,7 @@ class SessionCore:
             case r.Append():
                 self._append(record, out)
             case r.ClearInput():
-                self._tail = np.zeros(0, dtype=np.float32)
+                self._fill = 0
                 self._tail_marks = []
                 self._input.reset()
                 self._emit(out, ev.InputCleared(record.client_event_id))
@@ -393,16 +423,34 @@ class SessionCore:
             config = {}
         self.prompt = prompt
         self.config = self._effective(config, prompt)
-        self._config_bytes = _json_size(self.config)
+        self._config_entries = _entry_sizes(self.config)
+        self._config_bytes = (
+            _size_of(self._config_entries) if self._config_entries is not None else _json_size(self.config)
+        )
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
         if refusal is not None:
             self._error(out, code_of(refusal, "invalid_value"), str(refusal), record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
 
-    def _update_outcome(self, record: r.Update) -> tuple[Any, dict[str, Any]] | _Refusal:
-        """(prompt, effective config) of an update the core takes, else (code, message) of its
-        refusal. Pure: ``refusal_for_update`` and ``_update`` share it."""
+    def _update_outcome(
+        self, record: r.Update
+    ) -> tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal:
+        """(prompt, effective config, its entry sizes) of an update the core takes, else (code,
+        message) of its refusal. Pure: ``refusal_for_update`` and ``_update`` share it (and
+        its memo: the same record in the same state has the same outcome)."""
+        key = (record, self.config, self.locked)
+        memo = self._outcome_memo
+        if memo is not None and all(a is b for a, b in zip(memo[:3], key, strict=True)):
+            outcome: tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal = memo[3]
+            return outcome
+        outcome = self._compute_update_outcome(record)
+        self._outcome_memo = (*key, outcome)
+        return outcome
+
+    def _compute_update_outcome(
+        self, record: r.Update
+    ) -> tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal:
         merged = {**self.config, **record.config}
         try:
             prompt = self._validated(merged)
@@ -420,18 +468,25 @@ class SessionCore:
                     "the persona cannot change after the first audio frame reached the model",
                 )
         effective = self._effective(merged, prompt)
+        update_entries = _entry_sizes(record.config)
+        entries: dict[str, int] | None = None
+        if update_entries is not None and self._config_entries is not None:
+            entries = {**self._config_entries, **update_entries}
+            entries["voice"] = _entry_size("voice", effective["voice"])
+            entries["instructions"] = _entry_size("instructions", effective["instructions"])
         # The merged config is at most the current one plus the update (plus the effective
-        # voice and persona): only near the bound is it worth serialising whole.
+        # voice and persona): only near the bound is it worth measuring whole.
         bound = self.limits.max_config_bytes
-        if self._config_bytes + _json_size(record.config) + CONFIG_SLACK_BYTES <= bound:
-            return prompt, effective
-        size = _json_size(effective)
+        update_bytes = _size_of(update_entries) if update_entries is not None else _json_size(record.config)
+        if self._config_bytes + update_bytes + CONFIG_SLACK_BYTES <= bound:
+            return prompt, effective, entries
+        size = _size_of(entries) if entries is not None else _json_size(effective)
         if size > bound:
             return _Refusal(
                 "invalid_value",
                 f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}",
             )
-        return prompt, effective
+        return prompt, effective, entries
 
     def refusal_for_update(self, record: r.Update) -> r.Rejected | None:
         """The small ``rejected`` record to log instead of an update the core would refuse
@@ -450,11 +505,12 @@ class SessionCore:
         if isinstance(outcome, _Refusal):
             self._error(out, outcome.code, outcome.message, record.client_event_id)
             return
-        prompt, effective = outcome
+        prompt, effective, entries = outcome
         changed = prompt != self.prompt
         self.prompt = prompt
         self.config = effective
-        self._config_bytes = _json_size(effective)
+        self._config_entries = entries
+        self._config_bytes = _size_of(entries) if entries is not None else _json_size(effective)
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
         if changed and not self.locked:
             out.append(ResetSlot(self.epoch, prompt))
@@ -518,25 +574,35 @@ class SessionCore:
         self._feed(np.zeros(record.samples, dtype=np.float32), position, position, out)
 
     def _feed(self, samples: npt.NDArray[np.float32], start: int, end: int, out: list[Effect]) -> None:
-        """Append 24 kHz samples (client positions ``start``..``end``) and drain whole frames."""
-        if len(samples):
-            self._tail_marks.append((len(samples), start, end))
-        buf = np.concatenate([self._tail, samples]) if len(self._tail) else samples
-        whole = len(buf) // FRAME_SAMPLES
+        """24 kHz samples (client positions ``start``..``end``) into the partial frame; each frame
+        they complete is submitted (a copy: the buffer is reused)."""
+        n = len(samples)
+        if n:
+            self._tail_marks.append((n, start, end))
         positions = self.format_version is not None and self.format_version >= POSITIONS_FORMAT
-        for i in range(whole):
-            frame = np.array(buf[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], dtype=np.float32)
-            index = self.frames_in
-            self.frames_in += 1
+        at = 0
+        frame = self._frame
+        while at < n:
+            fill = self._fill
+            k = min(FRAME_SAMPLES - fill, n - at)
+            frame[fill : fill + k] = samples[at : at + k]
+            at += k
+            if fill + k < FRAME_SAMPLES:
+                self._fill = fill + k
+                return
+            self._fill = 0
             if positions:
-                self._frame_ends[index] = self._position_at((i + 1) * FRAME_SAMPLES)
-            if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
-                self._speech_started = True
-                self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
-            out.append(SubmitFrame(index, frame))
-        self._tail = np.array(buf[whole * FRAME_SAMPLES :], dtype=np.float32)
-        if whole:
-            self._consume_marks(whole * FRAME_SAMPLES)
+                self._frame_ends[self.frames_in] = self._position_at(FRAME_SAMPLES)
+            self._consume_marks(FRAME_SAMPLES)
+            self._submit(frame.copy(), out)
+
+    def _submit(self, frame: npt.NDArray[np.float32], out: list[Effect]) -> None:
+        index = self.frames_in
+        self.frames_in += 1
+        if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
+            self._speech_started = True
+            self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
+        out.append(SubmitFrame(index, frame))
 
     def _position_at(self, offset: int) -> int:
         """The client position at ``offset`` samples into the buffered input (tail first); in a

@@ -100,13 +100,40 @@ async def read_opening(dialect: Dialect, receive: Callable[[], Awaitable[WireMes
     raise ProtocolError(errors.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
 
 
+@attrs.frozen(slots=True)
+class AppendCommand:
+    """The command of an append: the connection queues it without a wait when it can
+    (``SessionHandle.append_bytes_nowait``), else awaits it like any command."""
+
+    audio: bytes
+    format: str
+    sample_rate_hz: int
+    client_event_id: str | None = None
+    pad_ms: int = 0  # spec section 7: silence before this audio, a pad record before the append
+
+    async def __call__(self, session: SessionHandle) -> None:
+        await session.append_bytes(
+            self.audio,
+            self.format,
+            client_event_id=self.client_event_id,
+            sample_rate_hz=self.sample_rate_hz,
+            pad_ms=self.pad_ms,
+        )
+
+    def nowait(self, session: SessionHandle) -> bool:
+        if self.pad_ms:
+            return False  # two records in order: the awaited path
+        return session.append_bytes_nowait(
+            self.audio, self.format, client_event_id=self.client_event_id, sample_rate_hz=self.sample_rate_hz
+        )
+
+
 def _command(event: Any, config: Mapping[str, Any]) -> Command:
     """The session call for one parsed client event (both dialects share the commands)."""
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
         audio, fmt, rate = codec.decode_append(event, config)
-        pad_ms = codec.append_pad_ms(event)
-        return lambda s: s.append_bytes(audio, fmt, client_event_id=eid, sample_rate_hz=rate, pad_ms=pad_ms)
+        return AppendCommand(audio, fmt, rate, eid, codec.append_pad_ms(event))
     if isinstance(event, pe.SessionUpdate):
         cfg = codec.normalize_session_config(event.session, client_event_id=eid)
         return lambda s: s.update(cfg, client_event_id=eid)
@@ -273,7 +300,7 @@ class NativeDialect:
         if isinstance(data, bytes | bytearray | None):
             audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
             fmt, rate = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
-            return lambda s: s.append_bytes(audio, fmt, sample_rate_hz=rate)
+            return AppendCommand(audio, fmt, rate)
         event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if isinstance(event, pe.SessionUpdate):
             _pcm16_output_only(codec.normalize_session_config(event.session, client_event_id=event.event_id))
