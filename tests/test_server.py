@@ -318,3 +318,44 @@ async def test_wait_no_sessions_returns_when_the_last_session_has_finished_its_l
             await done.wait()
         assert not server.sessions
         assert read_log(tmp_path / f"{b.session_id}.dlog").records[-1][1].__class__ is r.End
+
+
+async def test_a_session_actor_bug_ends_only_that_session(
+    parrot_engine, tmp_path, autojump_clock, monkeypatch
+):
+    """An exception escaping one session's actor (a bug) closes that session's log with
+    ``error`` and is counted; the server and its other sessions go on."""
+    from duplex_actors.session.actor import SessionActor
+
+    real = SessionActor._align
+    doomed: set[str] = set()
+
+    async def buggy(self, record, arrival):
+        if self.session_id in doomed:
+            raise RuntimeError("a bug in one session")
+        await real(self, record, arrival)
+
+    monkeypatch.setattr(SessionActor, "_align", buggy)
+    other_events: list = []
+    async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
+        other = await server.open_session()
+        server._nursery.start_soon(collect, other, other_events)
+        bad = await server.open_session()
+        doomed.add(bad.session_id)
+        for f in session_audio(9, 4):
+            await other.append(f)
+            if not bad.closed:
+                await bad.append(f)
+            await trio.sleep(0.1)
+        with trio.fail_after(5):
+            await bad.wait_closed()
+        late = await server.open_session()  # still admitting
+        await late.close()
+        await other.close()
+    assert server.counters.connection_errors["session"] == 1
+    assert sum(isinstance(e, ev.AudioFrame) for e in other_events) == 4
+    assert server.scheduler.table.in_use == 0
+    closes = [
+        rec for _, rec in read_log(tmp_path / f"{bad.session_id}.dlog").records if isinstance(rec, r.Close)
+    ]
+    assert [c.reason for c in closes] == ["error"]

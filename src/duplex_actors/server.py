@@ -430,6 +430,11 @@ class DuplexServer:
     async def _run_session(self, actor: SessionActor) -> None:
         try:
             await actor.run()
+        except Exception:
+            # A bug of one session (its actor has closed its log with "error" and freed its
+            # slot) must not end the server's other sessions: counted and logged, not raised.
+            self.counters.connection_errors["session"] += 1
+            logging.getLogger(__name__).exception("session %s failed", actor.session_id)
         finally:
             self.sessions.pop(actor.session_id, None)
             self.session_dialects.pop(actor.session_id, None)

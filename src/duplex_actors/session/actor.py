@@ -193,6 +193,7 @@ class SessionActor:
         if self.inbox.put_command_nowait(record) is None:
             return False
         self._queued_input += samples
+        self._arrivals.append(trio.current_time())
         return True
 
     @property
