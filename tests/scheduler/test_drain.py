@@ -39,7 +39,7 @@ from .test_scheduler_grid import SlowEngine
 
 TICK = 0.080
 MS = 1e-3
-SLOW = (0.045,)  # two 45 ms steps do not fit in a tick: no catch-up is available
+SLOW = (0.055,)  # two 55 ms steps do not fit in a tick, three not in two: no catch-up is available
 FAST = (0.010,)
 
 

@@ -202,9 +202,26 @@ GRID_CASES = [
         StepNow((0,), "catchup"),
     ),
     (
-        "no catch-up when the step would not fit before the next tick",
+        "no catch-up when neither it nor the tick it would delay fits before the tick after",
+        209,
+        view(slot(0, 163), slot(1), steps_ms=(60,) * 5, state=grid_state(0, 3, OWED, STEADY)),
+        WaitUntil(240 * MS),
+    ),
+    (
+        "a catch-up past the last start that fits delays the next tick when both fit before the one after",
         209,
         view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, OWED, STEADY)),
+        StepNow((0,), "catchup"),
+    ),
+    (
+        "but not within the overrun interval of another",
+        209,
+        view(
+            slot(0, 163),
+            slot(1),
+            steps_ms=(30,) * 5,
+            state=attrs.evolve(grid_state(0, 3, OWED, STEADY), last_overrun=150 * MS),
+        ),
         WaitUntil(240 * MS),
     ),
     (

@@ -522,6 +522,8 @@ def analyse(trial: Trial, opts: Options) -> None:
                 "alignment_hints": [[round((t - trial.t0) * 1000, 1), p, why] for t, p, why in run.hints],
                 "pads_applied_ms": [p for _, p in run.pads],
                 "hints_ignored": run.hints_ignored,
+                # Every output frame's latency in arrival order (ms), to see when a run broke.
+                **({"latency_series_ms": [round(x, 1) for x in lat]} if lat is not None else {}),
                 **({"audible_frames": list(run.audible)} if run.audible is not None else {}),
                 **stats,
             }

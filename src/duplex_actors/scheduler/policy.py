@@ -52,6 +52,8 @@ EPS: Final = 1e-9
 
 # How many recent step durations a shell should keep for the estimates (p90).
 RECENT_STEPS: Final = 32
+# How many of them an overrun's estimate looks at (their median).
+OVERRUN_STEPS: Final = 8
 
 
 # -- the view the shell builds -------------------------------------------------------------------
@@ -115,6 +117,10 @@ class PolicyState:
     # Slots owed a drain by the step ``after_step`` just recorded (the shell drains them once).
     drain: tuple[int, ...] = ()
     drains: int = 0
+    # When the last catch-up that could not finish before the next tick started (it delays
+    # that tick; at most one per ``overrun_interval_ms``), and how many there were.
+    last_overrun: float = -math.inf
+    overruns: int = 0
 
     def slot(self, index: int) -> SlotState:
         return self.slots[index] if index < len(self.slots) else FRESH_SLOT
@@ -253,6 +259,12 @@ class GridPolicy:
     drain_max_behind: int = 5
     drain_growth_ms: float = 5.0
     max_drains_per_s: int = 2
+    # A catch-up that does not fit before the next tick may still run when the tick it delays
+    # and the catch-up both end before the tick after (the engine is then never more than one
+    # step behind the grid), at most once per this interval over all slots: it delays one tick
+    # for every session by (2 x step - tick), where a slot left a frame behind waits a whole tick
+    # more for every frame until a catch-up comes. 0 turns overruns off.
+    overrun_interval_ms: float = 80.0
     name: str = "grid"
 
     @property
@@ -303,6 +315,13 @@ class GridPolicy:
     def _estimate(self, view: SchedulerView) -> float | None:
         return percentile(view.recent_steps, 90) if view.recent_steps else None
 
+    def _overrun_estimate(self, view: SchedulerView) -> float | None:
+        # The median of the last few steps: an overrun only delays a tick, so it needs no p90
+        # over the long window (slow steps while sessions start would block every overrun for
+        # RECENT_STEPS ticks, and leave the sessions that started a frame behind that long).
+        recent = view.recent_steps[-OVERRUN_STEPS:]
+        return percentile(recent, 50) if recent else None
+
     def _budget_free_at(self, st: SlotState, now: float) -> float:
         """When this slot may have its next catch-up (``now`` if at once)."""
         recent = [t for t in st.catchups if t > now - 1.0]
@@ -313,8 +332,10 @@ class GridPolicy:
     def _catchup_available(self, st: SlotState, view: SchedulerView, now: float) -> bool:
         """Will a catch-up serve this slot: it is owed one, has budget left, and a tick step
         plus a catch-up step (p90 each) fit in one tick?"""
-        estimate = self._estimate(view)
+        estimate, overrun = self._estimate(view), self._overrun_estimate(view)
         fits = estimate is not None and 2 * estimate + self.guard_ms / 1000 <= self.tick
+        if not fits and overrun is not None and self.overrun_interval_ms > 0:
+            fits = 3 * overrun + self.guard_ms / 1000 <= 2 * self.tick
         return st.debt > 0 and fits and self._budget_free_at(st, now) <= now
 
     def _owes_drain(self, st: SlotState, view: SchedulerView, now: float) -> bool:
@@ -334,6 +355,16 @@ class GridPolicy:
         if sum(1 for t in st.drains if t > now - 1.0) >= self.max_drains_per_s:
             return False
         return not self._catchup_available(st, view, now)
+
+    def _overrun_allowed(self, state: PolicyState, view: SchedulerView, now: float, due: float) -> bool:
+        """May a catch-up starting ``now`` delay the tick ``due``: its step and the delayed
+        tick's both end before the tick after, and no other overrun came too recently?"""
+        estimate = self._overrun_estimate(view)
+        if estimate is None or self.overrun_interval_ms <= 0:
+            return False
+        if now - state.last_overrun < self.overrun_interval_ms / 1000 - EPS:
+            return False
+        return now + 2 * estimate + self.guard_ms / 1000 <= due + self.tick + EPS
 
     def decide(self, now: float, view: SchedulerView) -> Decision:
         steppable, waiting = _waiting(view)
@@ -363,7 +394,7 @@ class GridPolicy:
                 if st.debt > 0 or not st.seen:
                     free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
-            if catchup and now <= latest_start:
+            if catchup and (now <= latest_start or self._overrun_allowed(state, view, now, due)):
                 return StepNow(catchup, "catchup")
             later = min((t for t in free_at.values() if t > now), default=math.inf)
             if later <= latest_start:
@@ -383,6 +414,11 @@ class GridPolicy:
         stepped = set(step.slots)
         if step.kind == "catchup":
             state = self.settle(state, view, started)
+            estimate = self._estimate(view)
+            if state.origin is not None and estimate is not None:
+                due = self.tick_time(state, state.next_tick)
+                if started > due - estimate - self.guard_ms / 1000 + EPS:
+                    state = attrs.evolve(state, last_overrun=started, overruns=state.overruns + 1)
             slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
             for i in stepped:
                 st = slots[i]

@@ -126,6 +126,7 @@ class Aligner:
         first_recheck_s: float = 1.0,
         lateness_percentile: float = 99.0,
         realign_gain_ms: float = 20.0,
+        hint_gain_ms: float = 10.0,
     ) -> None:
         if margin_min_ms > margin_max_ms or margin_min_ms < 0:
             raise ValueError("need 0 <= margin_min_ms <= margin_max_ms")
@@ -143,6 +144,7 @@ class Aligner:
         self.first_recheck_s = first_recheck_s
         self.lateness_percentile = lateness_percentile
         self.realign_gain_ms = realign_gain_ms
+        self.hint_gain_ms = hint_gain_ms
         self._total = 0
         self._exhausted = False
         self._client_pos = 0  # client samples appended so far (pads excluded)
@@ -306,6 +308,14 @@ class Aligner:
         if granule is None or self._exhausted:
             return None
         period_ms = grid.period * 1000
+        if granule == SAMPLES_PER_MS or reason != "start":
+            # A frame completed at the old phase already: moving completions to a tick's margin
+            # puts the next frame in the same tick as that one (a double, which costs a catch-up
+            # step); not worth it for a wait of a few ms.
+            early_by = (period_ms - self._margin_ms - self._phase_ms(grid)) % period_ms
+            if early_by <= granule / SAMPLES_PER_MS + self.hint_gain_ms + _EPS:
+                self._reason = reason
+                return None
         # How far to move completions earlier so that they land margin before the tick.
         want_ms = (self._phase_ms(grid) + self._margin_ms) % period_ms
         pad = math.ceil(want_ms * SAMPLES_PER_MS / granule - _EPS) * granule % FRAME
