@@ -157,9 +157,10 @@ def autojump_clock():
 
 
 async def run_burst(occupant: Drainable) -> tuple[Scheduler, Sink]:
-    """Slot 0 streams in real time with a 250 ms stall at frame 10 (3 frames arrive together);
-    slot 1 streams on the same phase. Steps take 45 ms: no catch-up fits."""
-    engine = SlowEngine(2, 0.045)
+    """Slot 0 streams in real time with a 410 ms stall at frame 10 (5 frames arrive together);
+    slot 1 streams on the same phase. Steps take 55 ms: no catch-up fits, not even one that
+    delays the next tick."""
+    engine = SlowEngine(2, 0.055)
     sched = Scheduler(engine, clock=VIRTUAL_TIME, policy=GridPolicy())
     other = Sink()
     async with trio.open_nursery() as nursery:
@@ -170,8 +171,8 @@ async def run_burst(occupant: Drainable) -> tuple[Scheduler, Sink]:
         async def stream(slot: int, stall: bool) -> None:
             for k in range(60):
                 at = t0 + 0.030 + k * TICK
-                if stall and 10 <= k < 13:
-                    at = t0 + 0.030 + 10 * TICK + 0.250
+                if stall and 10 <= k < 15:
+                    at = t0 + 0.030 + 10 * TICK + 0.410
                 await trio.sleep_until(at)
                 # frame k's energy: quiet (0.01) for frame 20, loud otherwise
                 level = 0.01 if k == 20 else 0.5

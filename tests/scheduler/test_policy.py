@@ -173,9 +173,15 @@ GRID_CASES = [
     ),
     (
         "ticks that passed empty are skipped whole, keeping the phase",
+        535,
+        view(slot(0, 530), slot(1), state=grid_state(0, 2)),
+        WaitUntil(560 * MS),
+    ),
+    (
+        "a frame within the late grace of a tick that passed empty is that tick's, stepped late",
         500,
         view(slot(0, 490), slot(1), state=grid_state(0, 2)),
-        WaitUntil(560 * MS),
+        StepNow((0,), "tick", 480 * MS),
     ),
     (
         "a frame exactly on a passed tick is served by it",
@@ -266,8 +272,8 @@ GRID_CASES = [
     ),
     (
         "a tick that passed empty counts as missed for a steady slot",
-        165,
-        view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 2, STEADY, STEADY)),
+        205,
+        view(slot(0, 203), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 2, STEADY, STEADY)),
         StepNow((0,), "catchup"),
     ),
 ]

@@ -250,7 +250,8 @@ def test_jitter_free_frames_land_in_the_target_window(
 ) -> None:
     """Once aligned, on a jitter-free trace, every frame completes in
     [tick - m - granule, tick - m] (m: the first margin; granule: the chunk, or 1 ms for a
-    hint), one alignment only, and its pad is under 80 ms."""
+    hint; a hint is skipped for a gain of up to hint_gain_ms), one alignment only, and its pad
+    is under 80 ms."""
     grid = Grid(origin=origin)
     aligner = Aligner(mode="client")
     run = drive(aligner, chunk=chunk, start=start, delays=steady(150 * FRAME // chunk, delay), grid=grid)
@@ -263,9 +264,12 @@ def test_jitter_free_frames_land_in_the_target_window(
     assert start_at is not None
     after = run.completions[start_at:]
     assert len(after) > 100
+    # A hint is not worth a gain of hint_gain_ms or less (it costs a double): such a session
+    # is left where it is, at most that much further before the tick.
+    slack = aligner.hint_gain_ms if chunk == FRAME and not run.decisions else 0.0
     for t in after:
         w = before_tick(t, grid)
-        assert m - 1e-5 <= w <= m + granule_ms + 1e-5 or (w >= 80 - 1e-5 and m + granule_ms >= 80), w
+        assert m - 1e-5 <= w <= m + granule_ms + slack + 1e-5 or (w >= 80 - 1e-5 and m + granule_ms >= 80), w
 
 
 @st.composite

@@ -265,6 +265,7 @@ class GridPolicy:
     # for every session by (2 x step - tick), where a slot left a frame behind waits a whole tick
     # more for every frame until a catch-up comes. 0 turns overruns off.
     overrun_interval_ms: float = 80.0
+    late_tick_grace_ms: float = 40.0
     name: str = "grid"
 
     @property
@@ -285,7 +286,10 @@ class GridPolicy:
             return state
         oldest = min((s.frames[0] for s in view.slots if s.frames and s.steppable), default=math.inf)
         n = state.next_tick
-        horizon = min(until, oldest)
+        # A tick no frame made passes only once a late grace has gone by empty too: frames
+        # that all came a little late (a stall of the loop or the network) are still its
+        # frames, stepped late, rather than debts of the next tick.
+        horizon = min(until, oldest - self.late_tick_grace_ms / 1000)
         if self.tick_time(state, n) >= horizon - EPS:
             return state
         # Ticks n .. m-1 passed empty, where m is the first tick at or after the horizon.

@@ -308,10 +308,10 @@ class Aligner:
         if granule is None or self._exhausted:
             return None
         period_ms = grid.period * 1000
-        if granule == SAMPLES_PER_MS or reason != "start":
-            # A frame completed at the old phase already: moving completions to a tick's margin
-            # puts the next frame in the same tick as that one (a double, which costs a catch-up
-            # step); not worth it for a wait of a few ms.
+        if granule == SAMPLES_PER_MS:
+            # A hint: a frame completed at the old phase already (the chunk is a frame), so
+            # moving completions to a tick's margin puts the next frame in the same tick as that
+            # one (a double, which costs a catch-up step); not worth it for a few ms of wait.
             early_by = (period_ms - self._margin_ms - self._phase_ms(grid)) % period_ms
             if early_by <= granule / SAMPLES_PER_MS + self.hint_gain_ms + _EPS:
                 self._reason = reason
