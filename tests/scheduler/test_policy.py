@@ -417,3 +417,23 @@ def test_grid_a_slots_first_frame_is_owed_a_catch_up() -> None:
         assert isinstance(step, StepNow)
         state = policy.after_step(state, v, step, tick_ms * MS)
     assert (state.slots[0].seen, state.slots[0].debt) == (True, 1)
+
+
+def test_grid_a_new_slots_double_is_owed_a_catch_up_though_no_frame_is_a_tick_late() -> None:
+    # The slot's first frame came after tick 80 (at 100), the hinted next one before tick 160
+    # (at 154): two frames for tick 160, the older only 60 ms old. After the tick it is owed a
+    # catch-up, and with 45 ms steps (two do not fit in a tick) it gets one that delays the
+    # next tick a little, rather than staying a frame behind.
+    policy = GridPolicy()
+    state = grid_state(0, 2, SlotState(), STEADY)
+    v = view(slot(0, 100, 154), slot(1, 155), steps_ms=(45,) * 8, state=state)
+    step = policy.decide(160 * MS, v)
+    assert_decision(step, StepNow((0, 1), "tick", 160 * MS))
+    assert isinstance(step, StepNow)
+    state = policy.after_step(state, v, step, 160 * MS)
+    assert state.slots[0].debt == 1 and state.slots[1].debt == 0
+    v = view(slot(0, 154), slot(1), steps_ms=(45,) * 8, state=state)
+    assert_decision(policy.decide(205 * MS, v), StepNow((0,), "catchup"))
+    after = policy.after_step(state, v, StepNow((0,), "catchup"), 205 * MS)
+    assert after.overruns == 1 and after.last_overrun == pytest.approx(205 * MS)
+    assert after.next_tick == 3  # tick 240 is still due: stepped late, not skipped

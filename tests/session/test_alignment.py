@@ -310,3 +310,22 @@ def test_decisions_are_bounded_and_of_the_right_kind(
         Aligner(mode=mode, max_total_pad_samples=bound), chunk=chunk, start=start, delays=delays, obey=obey
     )
     assert again.decisions == run.decisions
+
+
+@pytest.mark.parametrize(
+    ("start_ms", "hinted"),
+    [
+        # Ticks at 50 + 80n; 80 ms chunks from start_ms complete at start_ms + 80 (mod 80).
+        (40.0, False),  # 10 ms before the tick, margin 6: a gain of 4 ms is not worth a double
+        (33.0, False),  # 17 ms before: a gain of 11 ms minus the 1 ms granule, not worth one
+        (32.0, True),  # 18 ms before: a gain of 12 ms
+        (45.0, True),  # 5 ms before: under the margin, would miss a tick by jitter
+        (55.0, True),  # 5 ms after the tick: waits 75 ms
+    ],
+)
+def test_a_hint_only_for_a_gain_worth_its_double(start_ms: float, hinted: bool) -> None:
+    # A hint always puts two frames in one tick (the chunk sent early lands beside the one
+    # before it), which costs a catch-up step: a session a few ms early stays where it is.
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=start_ms / 1000, delays=steady(40))
+    assert [type(d) for _, d in run.decisions] == ([ClientHint] if hinted else [])

@@ -457,7 +457,9 @@ class GridPolicy:
                 left = any(c <= tick_at for c in s.frames[1:])
                 stable = (st.stable + 1 if behind == st.backlog else 1) if behind else 0
                 debt = st.debt if behind or left else 0
-                if behind and st.streak <= 1:
+                if (behind or left) and st.streak <= 1:
+                    # Its first frame came after the previous tick, and the hinted next one
+                    # before this tick: two frames for one tick, although neither is a tick late.
                     debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
