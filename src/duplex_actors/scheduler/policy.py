@@ -16,8 +16,12 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   cadence and missed a tick (its frame came late, by jitter), for its first frame (and if it
   falls a frame behind within its first two steps: the double an alignment pad makes), or when
   it stays the same number of frames behind for ``stable_backlog_ticks``; it gets it if the
-  estimated step (p90 of recent steps) fits before the next tick, at most
-  ``max_catchups_per_s`` per slot in any second. Falling further behind never earns one: a
+  estimated step (p90 of recent steps) fits before the next tick, or, when it does not, if the
+  catch-up and the tick it then delays both end before the tick after (the median of the last
+  ``OVERRUN_STEPS`` steps as the estimate; at most one such *overrun* per
+  ``overrun_interval_ms``), at most ``max_catchups_per_s`` per slot in any second. A tick
+  that no frame made is kept open ``late_tick_grace_ms``: frames that all came a little late
+  (a stall of the loop or the network) are stepped late as that tick's, not owed as debts. Falling further behind never earns one: a
   client sending faster than real time is served one frame per tick. A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
