@@ -28,6 +28,7 @@ Sans-io and torch-free in the parent: torch is imported only in the child.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -37,6 +38,7 @@ import signal
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +138,7 @@ class EngineProcess:
             daemon=True,  # multiprocessing's exit handler ends it with a normally exiting parent
         )
         self._process.start()
+        _register(self)
         # Only the child holds its ends now: its death is EOF on ours.
         step_child.close()
         prep_child.close()
@@ -279,6 +282,25 @@ class EngineProcess:
         assert isinstance(value, BaseException)
         value.__cause__ = RemoteTraceback(rest[0] if rest else "")
         raise value
+
+
+# Closed before multiprocessing's own exit handler (atexit runs the later registration first),
+# which would SIGTERM the child (ignored) and then wait for it forever.
+_live: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _register(process: EngineProcess) -> None:
+    global _atexit_registered
+    _live.add(process)
+    if not _atexit_registered:
+        atexit.register(_close_live)
+        _atexit_registered = True
+
+
+def _close_live() -> None:
+    for process in list(_live):
+        process.close()
 
 
 # -- the child ------------------------------------------------------------------------------------
