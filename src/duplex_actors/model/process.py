@@ -39,7 +39,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -116,9 +116,12 @@ class EngineProcess:
 
     ``open_kwargs`` are :func:`~duplex_actors.model.factory.open_engine`'s arguments. The
     constructor blocks until the child has built the engine (or raises what building raised).
+    ``factory`` replaces ``open_engine`` (a module-level function, so that it pickles; tests).
     """
 
-    def __init__(self, model: str = "tiny", **open_kwargs: Any) -> None:
+    def __init__(
+        self, model: str = "tiny", *, factory: Callable[..., Any] | None = None, **open_kwargs: Any
+    ) -> None:
         started = time.perf_counter()
         ctx = multiprocessing.get_context("spawn")
         step_parent, step_child = ctx.Pipe(duplex=True)
@@ -133,7 +136,7 @@ class EngineProcess:
         self._exitcode: int | None = None
         self._process = ctx.Process(
             target=_child_main,
-            args=(step_child, prep_child, os.getpid(), model, open_kwargs),
+            args=(step_child, prep_child, os.getpid(), factory, model, open_kwargs),
             name="duplex-engine",
             daemon=True,  # multiprocessing's exit handler ends it with a normally exiting parent
         )
@@ -305,7 +308,12 @@ def _close_live() -> None:
 
 # -- the child ------------------------------------------------------------------------------------
 def _child_main(
-    step_conn: Connection, prep_conn: Connection, parent_pid: int, model: str, open_kwargs: dict[str, Any]
+    step_conn: Connection,
+    prep_conn: Connection,
+    parent_pid: int,
+    factory: Callable[..., Any] | None,
+    model: str,
+    open_kwargs: dict[str, Any],
 ) -> None:
     for name in _IGNORED_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -314,7 +322,7 @@ def _child_main(
     try:
         from .factory import open_engine
 
-        engine = open_engine(model, **open_kwargs)
+        engine = (factory or open_engine)(model, **open_kwargs)
         hello = _hello(engine, time.perf_counter() - started)
     except BaseException as exc:
         _reply_error(step_conn, exc)
