@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from duplex_actors.audio import FRAME_SAMPLES
+from duplex_actors.faults import Faults, FaultyEngine, InjectedFault
 from duplex_actors.model.engine import SamplingConfig, SessionPrompt, StepOutput
 from duplex_actors.model.errors import CheckpointError, InvalidRuntimeConfig, InvalidVoice
 from duplex_actors.model.factory import open_engine
@@ -159,6 +160,22 @@ def test_exceptions_cross_with_type_message_and_code(engines):
         proxy.step({5: np.zeros(FRAME_SAMPLES, dtype=np.float32)})
     proxy.reset(0, SessionPrompt(voice="NATF2.pt"))  # the engine goes on
     assert proxy.step({0: np.zeros(FRAME_SAMPLES, dtype=np.float32)})[0].user_codes
+
+
+def test_the_faults_wrapper_works_around_it(engines, tmp_path):
+    proxy, _ = engines
+    raise_, silence = tmp_path / "raise", tmp_path / "silence"
+    faulty = FaultyEngine(proxy, Faults.parse(f"step_raise={raise_},step_silence={silence}"))
+    assert faulty.family is proxy.family and faulty.slots == SLOTS
+    frame = session_audio(4, 1)[0]
+    faulty.reset(0, SessionPrompt(voice="NATF2.pt"))
+    raise_.touch()
+    with pytest.raises(InjectedFault):
+        faulty.step({0: frame})
+    silence.touch()
+    assert not faulty.step({0: frame})[0].pcm.any()
+    silence.unlink()
+    assert faulty.step({0: frame})[0].pcm.any()
 
 
 def test_a_prepare_runs_beside_steps_and_a_dead_child_fails_every_call(tiny_dir, caplog):
