@@ -8,7 +8,6 @@ one closed, one whose parent is killed.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -34,18 +33,23 @@ from .helpers import session_audio
 SLOTS = 2
 
 
-def gated_engine(model: str, *, gate: Any, entered: Any, **kwargs: Any) -> Any:
-    """The tiny engine whose ``prepare`` of a persona starting with "gated" signals ``entered``
-    and then waits for ``gate`` (built in the child: a module-level function, so it pickles)."""
+def gated_engine(model: str, *, gate: str, entered: str, **kwargs: Any) -> Any:
+    """The tiny engine whose ``prepare`` of a persona starting with "gated" creates the file
+    ``entered``, then waits for the file ``gate`` (files, not multiprocessing events: a child
+    killed while it waits on one leaves it unusable). Built in the child: module-level, so
+    that it pickles."""
     engine = open_engine(model, **kwargs)
     prepare = engine.prepare
 
     def gated(prompt: SessionPrompt) -> Any:
         if not prompt.persona.startswith("gated"):
             return prepare(prompt)
-        entered.set()
-        if not gate.wait(60):
-            raise TimeoutError("the test never opened the gate")
+        Path(entered).touch()
+        deadline = time.monotonic() + 60
+        while not Path(gate).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test never opened the gate")
+            time.sleep(0.01)
         return prepare(prompt)
 
     engine.prepare = gated  # type: ignore[method-assign]
@@ -68,6 +72,15 @@ def wait_gone(pid: int, timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def wait_file(path: Path, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -178,28 +191,27 @@ def test_the_faults_wrapper_works_around_it(engines, tmp_path):
     assert faulty.step({0: frame})[0].pcm.any()
 
 
-def test_a_prepare_runs_beside_steps_and_a_dead_child_fails_every_call(tiny_dir, caplog):
-    ctx = multiprocessing.get_context("spawn")
-    gate, entered = ctx.Event(), ctx.Event()
-    proxy = EngineProcess("tiny", factory=gated_engine, gate=gate, entered=entered, slots=SLOTS)
+def test_a_prepare_runs_beside_steps_and_a_dead_child_fails_every_call(tiny_dir, tmp_path, caplog):
+    gate, entered = tmp_path / "gate", tmp_path / "entered"
+    proxy = EngineProcess("tiny", factory=gated_engine, gate=str(gate), entered=str(entered), slots=SLOTS)
     try:
         cold = SessionPrompt(voice="NATF0.pt", persona="gated: a persona nobody asked for yet.")
         results: list[object] = []
         prep = threading.Thread(target=lambda: results.append(proxy.prepare(cold)))
         prep.start()
-        assert entered.wait(30)  # the child is inside prepare, held there until the gate opens
+        assert wait_file(entered)  # the child is inside prepare, held there until the gate opens
         proxy.reset(0, SessionPrompt(voice="NATF2.pt"))
         frames = session_audio(3, 5)
         stepped = [proxy.step({0: f})[0] for f in frames]
         assert len(stepped) == 5 and prep.is_alive() and results == []
-        gate.set()
+        gate.touch()
         prep.join(30)
         assert results == [None]
         proxy.reset(1, cold)  # its snapshot is in the child's cache now
 
         # A prepare in flight when the child dies, and every call after it, fail clearly.
-        entered.clear()
-        gate.clear()
+        entered.unlink()
+        gate.unlink()
         errors: list[BaseException] = []
 
         def pending() -> None:
@@ -210,7 +222,7 @@ def test_a_prepare_runs_beside_steps_and_a_dead_child_fails_every_call(tiny_dir,
 
         prep = threading.Thread(target=pending)
         prep.start()
-        assert entered.wait(30)
+        assert wait_file(entered)
         with caplog.at_level(logging.ERROR, logger="duplex_actors.engine_process"):
             os.kill(proxy.pid, signal.SIGKILL)
             prep.join(30)
@@ -229,7 +241,7 @@ def test_a_prepare_runs_beside_steps_and_a_dead_child_fails_every_call(tiny_dir,
         assert f"engine process {proxy.pid} exited unexpectedly with code -9" in caplog.text
         assert not proxy.alive and proxy.exitcode == -9
     finally:
-        gate.set()
+        gate.touch()
         proxy.close()
 
 
