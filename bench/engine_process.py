@@ -4,7 +4,9 @@ For each B: an in-thread ``open_engine(model, slots=B)`` and an ``EngineProcess`
 arguments, every slot reset with the same prompt, then interleaved blocks of timed steps (the
 same random frames for both, so the machine's load hits both alike). Reports the median step
 in-thread and through the proxy, their difference (the proxy's per-step overhead: pickling,
-two pipe hops, the child's wake-up), the pickling alone, and the proxy's start-up.
+two pipe hops, the child's wake-up; on shared cores it drowns in the noise), the pickling of
+one step's frames and outputs alone, an empty step's round trip (the pipes and wake-ups
+alone), and the proxy's start-up.
 
     .venv/bin/python bench/engine_process.py [--batches 1,8,16] [--steps 60] [--model tiny]
 """
@@ -23,9 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from machine import machine_line
-
 from engine import PERSONA, VOICE, frames_for
+from machine import machine_line
 
 
 def timed(engine: Any, frames: list[dict[int, np.ndarray]]) -> list[float]:
@@ -52,7 +53,9 @@ def main() -> None:
     print(machine_line(), f"load average {os.getloadavg()[0]:.2f}")
     rng = np.random.default_rng(0)
     prompt = SessionPrompt(voice=VOICE, persona=PERSONA)
-    print("    B | in-thread ms | process ms | overhead ms | pickle in+out ms | proxy start s")
+    print(
+        "    B | in-thread ms | process ms | overhead ms | pickle in+out ms | empty round trip ms | proxy start s"
+    )
     for slots in [int(b) for b in args.batches.split(",")]:
         local = open_engine(args.model, slots=slots)
         started = time.perf_counter()
@@ -80,9 +83,14 @@ def main() -> None:
                 pickle.loads(pickle.dumps(("step", frames), protocol=5))
                 pickle.loads(pickle.dumps(("ok", outputs), protocol=5))
             pickle_ms = (time.perf_counter() - started) * 1000.0 / 50
+            started = time.perf_counter()
+            for _ in range(200):
+                proxy.step({})  # the child returns at once: the bare round trip
+            trip_ms = (time.perf_counter() - started) * 1000.0 / 200
             ma, mb = float(np.median(a)), float(np.median(b))
             print(
-                f"{slots:5d} | {ma:12.2f} | {mb:10.2f} | {mb - ma:11.2f} | {pickle_ms:16.3f} | {start_s:13.2f}"
+                f"{slots:5d} | {ma:12.2f} | {mb:10.2f} | {mb - ma:11.2f} | {pickle_ms:16.3f} | "
+                f"{trip_ms:19.3f} | {start_s:13.2f}"
             )
         finally:
             proxy.close()
