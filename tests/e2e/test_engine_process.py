@@ -21,7 +21,7 @@ FRAMES = 6
 
 
 def _children(pid: int) -> set[int]:
-    found = set()
+    found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             found.update(int(p) for p in (task / "children").read_text().split())

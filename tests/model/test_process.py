@@ -264,7 +264,7 @@ def test_a_failed_build_raises_its_error_and_leaves_no_child(tiny_dir):
 
 def _engine_children() -> set[int]:
     """This process's live children that multiprocessing spawned."""
-    found = set()
+    found: set[int] = set()
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         for pid in (task / "children").read_text().split():
             try:

@@ -145,7 +145,8 @@ class EngineProcess:
         # Only the child holds its ends now: its death is EOF on ours.
         step_child.close()
         prep_child.close()
-        self.pid = self._process.pid
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
         try:
             hello = self._receive(self._step_conn, "start")
         except BaseException:
@@ -187,10 +188,10 @@ class EngineProcess:
     def describe(self) -> EngineDescription:
         return self._description
 
-    def prepare(self, prompt: SessionPrompt) -> None:
+    def prepare(self, prompt: SessionPrompt) -> object:
         with self._prep_lock:
             self._call(self._prep_conn, ("prepare", prompt), "prepare")
-        return None
+        return None  # the snapshot stays in the child's cache
 
     def reset(self, slot: int, prompt: SessionPrompt | None) -> None:
         with self._step_lock:
