@@ -76,6 +76,7 @@ from .web.page import install_page_routes
 API_CHAT_PATH = "/api/chat"
 
 if TYPE_CHECKING:
+    from .model.process import EngineProcess
     from .scaleout.upload import LogUploader
 
 log = logging.getLogger("duplex_actors")
@@ -103,19 +104,26 @@ class ModelHolder:
         self._connections_changed = trio.Event()
         self.counters = Counters()
         self.faults = Faults.from_env()
+        self.engine_process: EngineProcess | None = None  # --engine-process: closed at exit
 
     def load(self) -> ModelEngine:
-        from .model.factory import open_engine
-
         cfg = self.config
-        engine = open_engine(
-            cfg.model,
+        kwargs: dict[str, Any] = dict(
             slots=cfg.max_sessions,
             device=cfg.device,
             family=cfg.family,
             revision=cfg.revision,
             torch_threads=cfg.torch_threads,
         )
+        engine: ModelEngine
+        if cfg.engine_process:
+            from .model.process import EngineProcess
+
+            engine = self.engine_process = EngineProcess(cfg.model, **kwargs)
+        else:
+            from .model.factory import open_engine
+
+            engine = open_engine(cfg.model, **kwargs)
         if self.faults.active:
             log.warning("DUPLEX_FAULTS is set: faults will be injected (%s)", self.faults)
             self.faults.install_log_faults()
@@ -138,6 +146,14 @@ class ModelHolder:
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.engine = self.server = None
+            await self.close_engine()
+
+    async def close_engine(self) -> None:
+        """End the engine's child process (``--engine-process``) once the server is done."""
+        process, self.engine_process = self.engine_process, None
+        if process is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(process.close)
 
     async def run(self) -> None:
         """Load, serve the in-process server until cancelled; /ready is 200 in between."""

@@ -48,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     sys.setswitchinterval(args.switch_interval_ms / 1000)
 
     from .app import create_app
-    from .config import ServerConfig, _parse
+    from .config import ServerConfig, _parse, parse_flag
     from .web.hardening import HardenedConfig
 
     config = ServerConfig(
@@ -58,6 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         device=args.device,
         torch_threads=args.torch_threads,
+        engine_process=args.engine_process or parse_flag(os.environ, "DUPLEX_ENGINE_PROCESS", False),
         log_dir=args.log_dir,
         log_max_age_s=args.log_max_age,
         log_max_bytes=args.log_max_bytes,
@@ -187,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=8, help="engine slots (default 8)")
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     serve.add_argument("--torch-threads", type=int, default=1, help="torch threads on CPU (default 1)")
+    serve.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the model engine in a child process, so the event loop never takes its GIL "
+        "(docs/operations.md; costs a second process and its start-up; env DUPLEX_ENGINE_PROCESS=1)",
+    )
     serve.add_argument("--log-dir", default="sessions", help="session logs (default ./sessions)")
     serve.add_argument(
         "--log-max-age",

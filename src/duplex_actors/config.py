@@ -20,6 +20,18 @@ ADMISSION_REFUSALS = ("inband", "http")
 TICK_POLICIES = ("grid", "deadline", "window")
 
 
+def parse_flag(env: Mapping[str, str], name: str, fallback: bool) -> bool:
+    """``env[name]`` as a boolean (1/true/yes/on, 0/false/no/off), ``fallback`` when unset."""
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return fallback
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={env[name]!r}: expected 1/true/yes/on or 0/false/no/off")
+
+
 def _parse(env: Mapping[str, str], name: str, kind: Callable[[str], T], what: str) -> T | None:
     """``env[name]`` converted by ``kind``, None when unset or empty; ConfigError naming it."""
     value = env.get(name, "").strip()
@@ -39,6 +51,9 @@ class ServerConfig:
     max_sessions: int = 8
     device: str = "cpu"
     torch_threads: int = 1
+    # Run the engine in a child process (model/process.py, docs/operations.md): its GIL is not
+    # the event loop's. Off by default until measured on the serving machines.
+    engine_process: bool = False
     log_dir: str = "sessions"
     log_max_age_s: float | None = None
     log_max_bytes: int | None = None
@@ -104,14 +119,7 @@ class ServerConfig:
             return fallback if value is None else value
 
         def flag(name: str, fallback: bool) -> bool:
-            value = env.get(name, "").strip().lower()
-            if not value:
-                return fallback
-            if value in ("1", "true", "yes", "on"):
-                return True
-            if value in ("0", "false", "no", "off"):
-                return False
-            raise ConfigError(f"{name}={env[name]!r}: expected 1/true/yes/on or 0/false/no/off")
+            return parse_flag(env, name, fallback)
 
         opus_workers = _parse(env, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
         if opus_workers is not None and opus_workers < 1:
@@ -133,6 +141,7 @@ class ServerConfig:
             max_sessions=integer("DUPLEX_MAX_SESSIONS", default.max_sessions),
             device=env.get("DUPLEX_DEVICE", default.device),
             torch_threads=integer("DUPLEX_TORCH_THREADS", default.torch_threads),
+            engine_process=flag("DUPLEX_ENGINE_PROCESS", default.engine_process),
             log_dir=env.get("DUPLEX_LOG_DIR", default.log_dir),
             log_max_age_s=_parse(env, "DUPLEX_LOG_MAX_AGE", float, "a number of seconds"),
             log_max_bytes=_parse(env, "DUPLEX_LOG_MAX_BYTES", int, "an integer (bytes)"),

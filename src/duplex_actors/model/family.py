@@ -32,6 +32,15 @@ SERVER_OWNED_KEYS = frozenset(
 )
 
 
+def wrap_with_system_tags(text: str) -> str:
+    """A persona as PersonaPlex's prompt holds it (here, not in personaplex.py, so that the
+    server process can count a prompt's tokens without importing torch)."""
+    text = text.strip()
+    if text.startswith("<system>") and text.endswith("<system>"):
+        return text
+    return f"<system> {text} <system>"
+
+
 @attrs.frozen(slots=True)
 class FamilyCapabilities:
     voice_prompts: bool

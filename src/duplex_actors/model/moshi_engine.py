@@ -36,7 +36,7 @@ from .engine import (
     StepOutput,
 )
 from .errors import InvalidRuntimeConfig, InvalidVoice
-from .family import ModelFamily, detect_family
+from .family import ModelFamily, detect_family, wrap_with_system_tags
 from .lm_runner import LMRunner, SlotState
 from .loading import LoadedCheckpoint
 from .personaplex import (
@@ -45,7 +45,6 @@ from .personaplex import (
     build_prefill_plan,
     load_voice_prompt,
     prefill_positions,
-    wrap_with_system_tags,
 )
 from .sampling import install as install_sampler
 

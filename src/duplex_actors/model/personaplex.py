@@ -20,7 +20,7 @@ import torch
 
 from .engine import NUM_CODEBOOKS, TEXT_PAD_ID
 from .errors import CheckpointError
-from .family import DEFAULT_PERSONA  # noqa: F401  (re-exported)
+from .family import DEFAULT_PERSONA, wrap_with_system_tags  # noqa: F401  (re-exported)
 
 # PersonaPlex's hard-coded Mimi codes (personaplex/moshi/models/lm.py).
 SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
@@ -28,13 +28,6 @@ SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 SILENCE_FRAMES = 6  # int(0.5 s * 12.5 Hz), before and after the text prompt
 VOICE_RING = 4  # PersonaPlex's LMGen token ring has 4 columns
 NUM_STREAMS = 1 + 2 * NUM_CODEBOOKS  # text, 8 agent codebooks, 8 user codebooks
-
-
-def wrap_with_system_tags(text: str) -> str:
-    text = text.strip()
-    if text.startswith("<system>") and text.endswith("<system>"):
-        return text
-    return f"<system> {text} <system>"
 
 
 @attrs.frozen(slots=True, eq=False)
