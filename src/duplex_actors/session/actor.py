@@ -188,6 +188,13 @@ class SessionActor:
         while applied and self._commands_done < ordinal and not self.done.is_set():
             await self._progress.wait()
 
+    async def wait_handled(self) -> None:
+        """Until every command queued so far has been handled (appends queued without a wait
+        included): what the caller reads of the core next reflects them."""
+        ordinal = self.inbox.commands_put
+        while self._commands_done < ordinal and not self.done.is_set():
+            await self._progress.wait()
+
     def send_append_nowait(self, record: r.Append) -> bool:
         """Queue an append when that needs no wait (room in the inbox, the backlog within its
         soft budget or the append past the hard limit, see :meth:`wait_for_input_room`);
