@@ -166,12 +166,16 @@ async def _read_data(self: Any) -> None:
                 deadline = min(deadline, body_since + _limits.body_timeout_s)
             else:
                 body_since = None
-            with trio.move_on_at(deadline) as timer:
-                try:
+            timer: trio.CancelScope | None = None
+            try:
+                if deadline == math.inf:  # no deadline (a WebSocket's frames): no scope per read
                     data = await self.stream.receive_some(tcp_server.MAX_RECV)
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    break
-            if timer.cancelled_caught:
+                else:
+                    with trio.move_on_at(deadline) as timer:
+                        data = await self.stream.receive_some(tcp_server.MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                break
+            if timer is not None and timer.cancelled_caught:
                 if body_since is not None and trio.current_time() >= body_since + _limits.body_timeout_s:
                     log.info(
                         "closed a connection whose request body did not come in %.1f s",
