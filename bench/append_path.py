@@ -51,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from duplex_actors.client.frames import client_frame
 from machine import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,25 +74,7 @@ def update_text(i: int) -> str:
 
 # -- a minimal WebSocket client (masked frames, as RFC 6455 asks of clients) ---------------------
 def frame(payload: bytes, opcode: int = 1) -> bytes:
-    mask = b"\x01\x02\x03\x04"
-    n = len(payload)
-    head = bytes([0x80 | opcode])
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 1 << 16:
-        head += bytes([0x80 | 126]) + struct.pack(">H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack(">Q", n)
-    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload)) if n < 4096 else _mask_fast(payload, mask)
-    return head + mask + body
-
-
-def _mask_fast(payload: bytes, mask: bytes) -> bytes:
-    import numpy as np
-
-    data = np.frombuffer(payload, dtype=np.uint8)
-    key = np.frombuffer(mask * (len(payload) // 4 + 1), dtype=np.uint8)[: len(payload)]
-    return (data ^ key).tobytes()
+    return client_frame(opcode, payload)
 
 
 class Client:

@@ -21,7 +21,9 @@ Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime proj
 ``WS /v1/duplex`` (native dialect), ``WS /api/chat`` (moshi / PersonaPlex binary Opus,
 ``web/api_chat.py``), ``GET /health``, ``GET /ready``, ``GET /v1/models``,
 ``GET /metrics`` and ``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat
-completions); the browser page's routes come from ``web/page.py``.
+completions); the browser page's routes come from ``web/page.py``. :class:`DuplexApp` serves
+the three WebSocket routes straight from ASGI (``web/asgi_ws.py``: no quart task and queue hop
+per message), with what quart did kept; the bare quart app serves them through quart.
 
 Scale-out (docs/scaling.md): ``agent_port`` answers HAProxy's agent checks; ``admission_refusal
 = "http"`` reserves a slot at the handshake and refuses a full server's upgrade with HTTP 503 +
@@ -38,8 +40,8 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import trio
@@ -58,9 +60,10 @@ from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
 from .web.api_chat import ApiChatConnection, ApiChatDialect
+from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
 from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
-from .web.dialects import Dialect, NativeDialect, RealtimeDialect, read_opening
+from .web.dialects import Dialect, NativeDialect, RealtimeDialect, WireMessage, read_opening
 from .web.hardening import (
     GuardedApp,
     TransportLimits,
@@ -386,46 +389,85 @@ async def chat_completions() -> Any:
     ), 400
 
 
+class _QuartUpgrade:
+    """What a WebSocket route needs of its upgrade, from quart's ``websocket`` (the bare quart
+    app of :func:`create_quart_app`; ``DuplexApp`` serves these routes through
+    :class:`~duplex_actors.web.asgi_ws.AsgiWebSocket` instead)."""
+
+    def __init__(self) -> None:
+        self.headers = {k.lower(): v for k, v in websocket.headers.items()}
+        self.subprotocols = list(websocket.requested_subprotocols)
+        self.args: Mapping[str, str] = websocket.args
+        self.scope: Mapping[str, Any] = websocket.scope
+        self.receive = websocket.receive
+        self.send = websocket.send
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        await websocket.accept(subprotocol=subprotocol)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        await websocket.close(code, reason)
+
+
+class Upgrade(Protocol):
+    """A WebSocket upgrade as the routes use it (:class:`AsgiWebSocket` or quart's)."""
+
+    headers: dict[str, str]
+    subprotocols: list[str]
+    args: Mapping[str, str]
+    scope: Mapping[str, Any]
+
+    async def accept(self, subprotocol: str | None = None) -> None: ...
+    async def receive(self) -> WireMessage: ...
+    async def send(self, data: str | bytes) -> None: ...
+    async def close(self, code: int, reason: str = "") -> None: ...
+
+
+def _quart_reply(reply: HttpReply | None) -> Any:
+    if reply is None:
+        return None
+    return jsonify(reply.body), reply.status, reply.headers
+
+
 @routes.websocket("/v1/realtime")
 async def realtime_ws() -> Any:
-    return await _websocket("realtime")
+    return _quart_reply(await _websocket(_holder(), _QuartUpgrade(), "realtime"))
 
 
 @routes.websocket("/v1/duplex")
 async def native_ws() -> Any:
-    return await _websocket("native")
+    return _quart_reply(await _websocket(_holder(), _QuartUpgrade(), "native"))
 
 
 @routes.websocket(API_CHAT_PATH)
 async def api_chat_ws() -> Any:
-    return await _websocket("api_chat")
+    return _quart_reply(await _websocket(_holder(), _QuartUpgrade(), "api_chat"))
 
 
-def _refuse_http(holder: ModelHolder, code: str, message: str, *, retry: bool = True) -> Any:
+# The routes DuplexApp serves without quart (path -> dialect).
+WEBSOCKET_ROUTES = {"/v1/realtime": "realtime", "/v1/duplex": "native", API_CHAT_PATH: "api_chat"}
+
+
+def _refuse_http(holder: ModelHolder, code: str, message: str, *, retry: bool = True) -> HttpReply:
     holder.counters.refused[code] += 1
     kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
-    body = jsonify({"error": {"type": kind, "code": code, "message": message}})
+    body = {"error": {"type": kind, "code": code, "message": message}}
     if retry:
-        return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
-    return body, 503
+        return HttpReply(503, body, {"Retry-After": str(RETRY_AFTER_S)})
+    return HttpReply(503, body)
 
 
-async def _websocket(dialect_name: str) -> Any:
+async def _websocket(holder: ModelHolder, ws: Upgrade, dialect_name: str) -> HttpReply | None:
     """Authenticate and admit before the upgrade (HTTP refusals), then run the connection."""
-    holder = _holder()
     config = holder.config
-    headers = {k.lower(): v for k, v in websocket.headers.items()}
-    subprotocols = list(websocket.requested_subprotocols)
+    headers = ws.headers
+    subprotocols = ws.subprotocols
     query_key: str | None = None
     if dialect_name == "api_chat":
         # Taken out of the query string by DuplexApp (so no log sees it); the bare quart app
         # (tests) still has it in the query.
-        taken = websocket.scope.get(auth.QUERY_KEY_SCOPE)
-        query_key = (
-            str(taken)
-            if taken
-            else next((websocket.args[k] for k in KEY_PARAMS if websocket.args.get(k)), None)
-        )
+        taken = ws.scope.get(auth.QUERY_KEY_SCOPE)
+        query_key = str(taken) if taken else next((ws.args[k] for k in KEY_PARAMS if ws.args.get(k)), None)
     refusal = auth.check(
         api_key=config.api_key,
         allowed_origins=config.allowed_origins,
@@ -436,7 +478,7 @@ async def _websocket(dialect_name: str) -> Any:
     if refusal is not None:
         holder.counters.refused[refusal.code] += 1
         body = {"error": {"type": "invalid_request_error", "code": refusal.code, "message": refusal.message}}
-        return jsonify(body), refusal.status
+        return HttpReply(refusal.status, body)
     server = holder.server
     http_refusal = config.admission_refusal == "http"
     if server is None or holder.draining:
@@ -451,8 +493,8 @@ async def _websocket(dialect_name: str) -> Any:
         except (ResourceExhausted, LogUnavailable, SchedulerFailed) as exc:
             return _refuse_http(holder, exc.code, str(exc))
     try:
-        dialect = _dialect(dialect_name, config, server.engine.slots, headers, subprotocols)
-        await _run_connection(holder, server, dialect, reservation, subprotocols)
+        dialect = _dialect(dialect_name, config, server.engine.slots, headers, subprotocols, ws.args)
+        await _run_connection(holder, server, dialect, reservation, ws)
     finally:
         if reservation is not None:
             reservation.release()  # no-op once the session took it
@@ -460,19 +502,24 @@ async def _websocket(dialect_name: str) -> Any:
 
 
 def _dialect(
-    name: str, config: ServerConfig, slots: int, headers: dict[str, str], subprotocols: list[str]
+    name: str,
+    config: ServerConfig,
+    slots: int,
+    headers: dict[str, str],
+    subprotocols: list[str],
+    args: Mapping[str, str],
 ) -> Dialect:
     if name == "realtime":
         return RealtimeDialect(
             model=config.model,
             capabilities=capabilities(slots),
             beta="realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols,
-            autostart=websocket.args.get("autostart", "1") != "0",
-            duplex=websocket.args.get("duplex", "0") not in ("0", "", "false"),
+            autostart=args.get("autostart", "1") != "0",
+            duplex=args.get("duplex", "0") not in ("0", "", "false"),
             max_message_bytes=config.max_message_bytes,
         )
     if name == "api_chat":
-        return ApiChatDialect(websocket.args)  # type: ignore[return-value]  # a binary shell
+        return ApiChatDialect(args)  # type: ignore[return-value]  # a binary shell
     return NativeDialect(capabilities=capabilities(slots), max_message_bytes=config.max_message_bytes)
 
 
@@ -481,12 +528,10 @@ async def _run_connection(
     server: DuplexServer,
     dialect: Dialect,
     reservation: SlotReservation | None,
-    subprotocols: list[str],
+    ws: Upgrade,
 ) -> None:
-    await websocket.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
-    transport = Transport(
-        websocket.receive, websocket.send, lambda code, reason: websocket.close(code, reason)
-    )
+    await ws.accept(auth.chosen_subprotocol(ws.subprotocols))
+    transport = Transport(ws.receive, ws.send, ws.close)
     rate_limits = RateLimits(
         messages_per_s=holder.config.max_messages_per_s,
         message_burst=holder.config.message_burst,
@@ -507,7 +552,7 @@ async def _run_connection(
     )
     holder.add_connection(conn)
     try:
-        await _open_and_run(conn, dialect, holder.config.model, server, holder.config)
+        await _open_and_run(conn, dialect, holder.config.model, server, holder.config, ws)
     except Exception:
         log.exception("connection failed")
         holder.counters.connection_errors["handler"] += 1
@@ -521,7 +566,7 @@ async def _run_connection(
 
 
 async def _open_and_run(
-    conn: Connection, dialect: Dialect, model: str, server: DuplexServer, config: ServerConfig
+    conn: Connection, dialect: Dialect, model: str, server: DuplexServer, config: ServerConfig, ws: Upgrade
 ) -> None:
     if isinstance(dialect, ApiChatDialect):
         try:
@@ -532,12 +577,12 @@ async def _open_and_run(
         await conn.run(opening)
         return
     if dialect.name == "realtime":
-        wanted = websocket.args.get("model")
+        wanted = ws.args.get("model")
         if wanted and wanted != model:
             await conn.refuse("model_not_found", f"this server serves {model!r}, not {wanted!r}", 1008)
             return
     try:
-        opening = await read_opening(dialect, websocket.receive)
+        opening = await read_opening(dialect, ws.receive)
     except ProtocolError as err:
         await conn.refuse(err.code, err.message, 1008, err.client_event_id)
         return
@@ -575,6 +620,32 @@ class DuplexApp(GuardedApp):
         # before anything, hypercorn's access log included, can see it.
         auth.take_query_key(scope, API_CHAT_PATH, KEY_PARAMS)
         await super().__call__(scope, receive, send)
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # The WebSocket routes without quart (web/asgi_ws.py: a task and a queue hop less per
+        # message); everything else, and any root_path, through quart.
+        name = WEBSOCKET_ROUTES.get(scope.get("path", "")) if scope["type"] == "websocket" else None
+        if name is None or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        holder = self.holder
+
+        async def handler(ws: Any) -> HttpReply | None:
+            return await _websocket(holder, ws, name)
+
+        await serve_websocket(scope, receive, send, handler, self._render)
+
+    async def _render(self, reply: HttpReply) -> RenderedReply:
+        """The refusal as quart builds it (``jsonify(body), status, headers``)."""
+        response: Response = self.quart_app.json.response(reply.body)  # type: ignore[assignment]
+        response.status_code = reply.status
+        response.headers.update(reply.headers)
+        headers = [(key.lower().encode(), value.encode()) for key, value in response.headers.items()]
+        chunks: list[bytes] = []
+        async with response.response as body:
+            async for data in body:
+                chunks.append(data)
+        return RenderedReply(reply.status, headers, chunks)
 
 
 def create_app(config: ServerConfig | None = None) -> DuplexApp:

@@ -146,6 +146,11 @@ class SessionHandle:
             self.input_held_since = None
         return queued
 
+    async def wait_handled(self) -> None:
+        """Until the session has applied every command sent so far (appends queued without a
+        wait too): a command decided on the core's state reads it after them."""
+        await self._actor.wait_handled()
+
     async def _send_input(self, record: r.Append) -> None:
         started = trio.current_time()
         if await self._actor.wait_for_input_room(record):

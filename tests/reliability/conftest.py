@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import trio
 
+from duplex_actors.client.frames import client_frame
+
 from ..e2e.conftest import ServerProcess, http_get
 
 FRAME_SAMPLES = 1920
@@ -163,25 +165,7 @@ def upgrade_request(path: str, headers: dict[str, str] | None = None) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def frame_bytes(
-    opcode: int, payload: bytes, *, fin: bool = True, rsv1: bool = False, mask: bytes = b"\x01\x02\x03\x04"
-) -> bytes:
-    """One client frame (masked, as RFC 6455 requires of clients)."""
-    head = bytes([(0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode])
-    n = len(payload)
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 1 << 16:
-        head += bytes([0x80 | 126]) + struct.pack(">H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack(">Q", n)
-    if not payload:
-        return head + mask
-    import numpy as np
-
-    data = np.frombuffer(payload, dtype=np.uint8)
-    key = np.resize(np.frombuffer(mask, dtype=np.uint8), len(data))
-    return head + mask + (data ^ key).tobytes()
+frame_bytes = client_frame  # one client frame, masked (duplex_actors.client.frames)
 
 
 class RawWS:

@@ -12,11 +12,11 @@ submit frames and resets to the scheduler (never blocking), emit events to a bou
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from ..audio import FORMATS, float_to_pcm16
@@ -83,6 +83,14 @@ class SchedulerHandle(Protocol):
         ...
 
 
+@attrs.frozen(slots=True)
+class Arrived:
+    """An append in the inbox, with the time it arrived (for the aligner)."""
+
+    append: r.Append
+    at: float
+
+
 class SessionActor:
     def __init__(
         self,
@@ -101,7 +109,7 @@ class SessionActor:
         self.scheduler = scheduler
         self.log = session_log
         self.outbox = outbox
-        self.inbox: Inbox[r.Record] = Inbox(max_commands)
+        self.inbox: Inbox[r.Record | Arrived] = Inbox(max_commands)
         self.done = trio.Event()
         self.close_reason: str | None = None
         self.log_error: BaseException | None = None
@@ -113,11 +121,10 @@ class SessionActor:
         self._progress = trio.Event()  # set (and replaced) after each record is handled
         self._commands_done = 0  # client commands handled (inbox ordinals up to this one)
         # Alignment (spec section 7): the aligner sees every append before it is logged, with
-        # the time it arrived (appends in the inbox, oldest first).
+        # the time it arrived (an append waits in the inbox as :class:`Arrived`).
         self.aligner = (
             aligner if aligner is not None else Aligner(max_total_pad_samples=core.limits.max_pad_samples)
         )
-        self._arrivals: deque[float] = deque()
         self._tail_before_pad: int | None = None  # the tail before a client pad, for its append
 
     @property
@@ -167,18 +174,25 @@ class SessionActor:
         also wait until the actor has handled it (its record committed and applied to the
         core), so that what the caller reads of the core next (the config a client's next
         append is parsed with) includes it."""
-        samples = input_samples(record) if isinstance(record, r.Append) else 0
-        self._queued_input += samples
+        item: r.Record | Arrived = record
+        samples = 0
         if isinstance(record, r.Append):
-            self._arrivals.append(trio.current_time())
+            samples = input_samples(record)
+            item = Arrived(record, trio.current_time())
+        self._queued_input += samples
         try:
-            ordinal = await self.inbox.put_command(record)
+            ordinal = await self.inbox.put_command(item)
         except BaseException:
             self._queued_input -= samples  # not queued
-            if isinstance(record, r.Append):
-                self._arrivals.pop()
             raise
         while applied and self._commands_done < ordinal and not self.done.is_set():
+            await self._progress.wait()
+
+    async def wait_handled(self) -> None:
+        """Until every command queued so far has been handled (appends queued without a wait
+        included): what the caller reads of the core next reflects them."""
+        ordinal = self.inbox.commands_put
+        while self._commands_done < ordinal and not self.done.is_set():
             await self._progress.wait()
 
     def send_append_nowait(self, record: r.Append) -> bool:
@@ -190,10 +204,9 @@ class SessionActor:
         backlog = self.core.buffered_samples + self._queued_input
         if backlog > limits.input_budget_samples and backlog + samples <= limits.max_buffered_samples:
             return False
-        if self.inbox.put_command_nowait(record) is None:
+        if self.inbox.put_command_nowait(Arrived(record, trio.current_time())) is None:
             return False
         self._queued_input += samples
-        self._arrivals.append(trio.current_time())
         return True
 
     @property
@@ -219,13 +232,18 @@ class SessionActor:
     async def run(self) -> None:
         try:
             while not self.core.closed:
-                record = await self.inbox.get()
-                if isinstance(record, r.Append):
-                    self._queued_input -= input_samples(record)
-                    await self._align(record, self._arrivals.popleft())
+                item = await self.inbox.get()
+                if isinstance(item, Arrived):
+                    self._queued_input -= input_samples(item.append)
+                    checked = await self._align(item.append, item.at)
                     if self.core.closed:  # its pad or hint could not be logged: the session ended
                         break
-                await self._handle(record)
+                    if checked is None:
+                        await self._handle(item.append)
+                    else:
+                        await self._handle(checked, checked=True)
+                else:
+                    await self._handle(item)
                 self._commands_done = self.inbox.commands_taken
                 self._progress.set()
                 self._progress = trio.Event()
@@ -273,14 +291,20 @@ class SessionActor:
             self.counters.dropped["drained"] += 1
         return index
 
-    async def _align(self, record: r.Append, arrival: float) -> None:
-        """Ask the aligner about an append about to be logged; log its pad or hint first."""
+    async def _align(self, record: r.Append, arrival: float) -> r.Record | None:
+        """Ask the aligner about an append about to be logged; log its pad or hint first.
+        Returns what to log for it as the core's ``refusal_for`` answered (the append, or its
+        ``rejected`` record), or None when it did not ask, or logged a pad or hint since (a pad
+        moves the buffered count): then :meth:`_handle` asks."""
         tail, self._tail_before_pad = self._tail_before_pad, None
         width = FORMATS.get(record.format)
         if not record.audio or width is None or len(record.audio) % width:
-            return  # the core refuses it (bad_event, bad_audio): it is no audio to align
-        if self.core.state not in (State.OPEN, State.RESPONDING) or self.core.refusal_for(record) is not None:
-            return
+            return None  # the core refuses it (bad_event, bad_audio): it is no audio to align
+        if self.core.state not in (State.OPEN, State.RESPONDING):
+            return None
+        refusal = self.core.refusal_for(record)
+        if refusal is not None:
+            return refusal
         decision = self.aligner.before_append(
             arrival,
             self.scheduler.grid(),
@@ -289,11 +313,15 @@ class SessionActor:
         )
         if isinstance(decision, ServerPad):
             await self._handle(r.Pad(decision.samples, decision.reason))
-        elif isinstance(decision, ClientHint):
+            return None
+        if isinstance(decision, ClientHint):
             await self._handle(r.AlignHint(decision.pad_ms, decision.reason))
+            return None
+        return record
 
-    async def _handle(self, record: r.Record) -> None:
-        if isinstance(record, r.Append):
+    async def _handle(self, record: r.Record, *, checked: bool = False) -> None:
+        """Log ``record``, then apply it (``checked``: an append's ``refusal_for`` was asked)."""
+        if isinstance(record, r.Append) and not checked:
             # Refused audio is logged as a small ``rejected`` record, never with its audio.
             record = self.core.refusal_for(record) or record
         elif isinstance(record, r.Update):

@@ -80,7 +80,7 @@ _NOTHING: Any = object()  # no message pending
 
 
 class Transport:
-    """What a connection needs from the WebSocket (quart's ``websocket`` in the app)."""
+    """What a connection needs from the WebSocket (``web.asgi_ws.AsgiWebSocket`` in the app)."""
 
     def __init__(
         self,

@@ -178,7 +178,9 @@ async def _acknowledged(session: SessionHandle) -> None:
 async def _refuse_commit(session: SessionHandle, client_event_id: str | None) -> None:
     """Upstream's ``input_audio_buffer_empty`` when no input is waiting (partial frame or frames
     not yet stepped), else ``commit_unsupported``; the code is in the log's rejected record, so
-    a replay reproduces it."""
+    a replay reproduces it. Decided once the appends before it are applied (the fast path
+    queues them without waiting for the session)."""
+    await session.wait_handled()
     if session.core.buffered_samples == 0:
         code = errors.INPUT_AUDIO_BUFFER_EMPTY
         message = "input_audio_buffer.commit: the input audio buffer is empty"

@@ -23,6 +23,9 @@
   of the two raised ``trio.BusyResourceError``.
 - No inbound message waits on an app that cannot take it: hypercorn waited on the app's full
   queue forever (a slow consumer whose client then reset kept its handler and socket).
+  A message is queued without a scheduler round when the queue has room (hypercorn's put took
+  one per message), and a disconnect ends the raw WebSocket path's handler at once (its hook in
+  the scope, ``web/asgi_ws.py``), as quart-trio's message task did.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from hypercorn.protocol import ws_stream
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import task_group, tcp_server
+
+from .asgi_ws import DISCONNECT_HOOK_SCOPE
 
 log = logging.getLogger(__name__)
 
@@ -161,12 +166,16 @@ async def _read_data(self: Any) -> None:
                 deadline = min(deadline, body_since + _limits.body_timeout_s)
             else:
                 body_since = None
-            with trio.move_on_at(deadline) as timer:
-                try:
+            timer: trio.CancelScope | None = None
+            try:
+                if deadline == math.inf:  # no deadline (a WebSocket's frames): no scope per read
                     data = await self.stream.receive_some(tcp_server.MAX_RECV)
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    break
-            if timer.cancelled_caught:
+                else:
+                    with trio.move_on_at(deadline) as timer:
+                        data = await self.stream.receive_some(tcp_server.MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                break
+            if timer is not None and timer.cancelled_caught:
                 if body_since is not None and trio.current_time() >= body_since + _limits.body_timeout_s:
                     log.info(
                         "closed a connection whose request body did not come in %.1f s",
@@ -261,8 +270,16 @@ async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) ->
                 except trio.WouldBlock:
                     log.info("the app did not read its input: cancelled it at the client's disconnect")
                     cancel_scope.cancel()
+                hook = scope.get(DISCONNECT_HOOK_SCOPE)
+                if hook is not None:  # the raw WebSocket path (web/asgi_ws.py) ends its handler
+                    hook()
                 return
-            await app_send.send(message)
+            try:
+                # No scheduler round per message: the frames of one read are queued together
+                # (when the queue is full, the put waits as before).
+                app_send.send_nowait(message)
+            except trio.WouldBlock:
+                await app_send.send(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the app has finished
 
@@ -341,6 +358,10 @@ class GuardedApp:
         self.on_error = on_error
         self.wrapped = app
 
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """One connection (not the lifespan), its errors contained by the caller."""
+        await self.app(scope, receive, send)
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             import sniffio
@@ -358,7 +379,7 @@ class GuardedApp:
             await self.app(scope, receive, send)
             return
         try:
-            await self.app(scope, receive, send)
+            await self.serve(scope, receive, send)
         except Exception as exc:  # one connection's failure stays with that connection
             log.exception("connection failed: %s %s", scope.get("type"), scope.get("path"))
             if self.on_error is not None:

@@ -1,0 +1,176 @@
+"""The WebSocket routes served straight from ASGI, without quart (issue 12's per-message cost).
+
+Through quart-trio every client message took two memory-channel hops and a task of its own
+(hypercorn -> quart-trio's per-websocket message task -> the handler), a blinker signal and a
+context-local lookup per ``receive``/``send``, and a scheduler round for each. Here the handler
+runs in hypercorn's app task and reads hypercorn's channel itself: what is already queued there
+is taken without a checkpoint (at most :data:`MAX_NOWAIT_RECEIVES` in a row, then a real one).
+
+What a client sees is quart's behaviour, kept on purpose: the same accept (the subprotocol, no
+headers), the same HTTP refusals before the upgrade (the response quart would build, as
+``websocket.http.response.*``), a close 1000 when the handler returns after accepting without
+closing, and the handler cancelled when the client disconnects (quart-trio's message task did
+that on ``websocket.disconnect``; here the disconnect hook of ``hardening._spawn_app`` does it
+at once, and ``receive`` does it if it reads the disconnect first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+from werkzeug.datastructures import Headers
+from werkzeug.sansio.request import Request as SansIORequest
+
+from .dialects import WireMessage
+
+# Where the raw path leaves the callable that ends its handler at the client's disconnect
+# (``hardening._spawn_app`` calls it when it delivers ``websocket.disconnect``).
+DISCONNECT_HOOK_SCOPE = "duplex_actors.on_disconnect"
+# Messages taken from hypercorn's queue without a checkpoint before the next receive is a real
+# one (hypercorn's queue holds 10, so this only bounds a server that queues more).
+MAX_NOWAIT_RECEIVES = 32
+
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@attrs.frozen(slots=True)
+class HttpReply:
+    """A refusal before the upgrade: HTTP ``status`` with the JSON ``body`` and ``headers``."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(slots=True)
+class RenderedReply:
+    """An :class:`HttpReply` as the bytes quart would send: headers (lower-case) and body chunks."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    chunks: list[bytes]
+
+
+class AsgiWebSocket:
+    """One WebSocket upgrade over ASGI ``receive``/``send``: what a route reads of the request
+    (headers lower-cased, the last of a repeated one, as the quart route read them; subprotocols;
+    the query as werkzeug parses it) and the ``accept``/``receive``/``send``/``close`` of quart's
+    ``websocket``."""
+
+    def __init__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        channel = getattr(receive, "__self__", None)
+        self._receive_nowait: Callable[[], dict[str, Any]] | None = (
+            channel.receive_nowait if isinstance(channel, trio.MemoryReceiveChannel) else None
+        )
+        self._nowait_run = 0
+        client = scope.get("client") or ["<local>"]
+        headers = {"remote-addr": str(client[0])}  # quart adds it first; a client's own one wins
+        for name, value in scope.get("headers") or ():
+            headers[name.decode("latin1").lower()] = value.decode("latin1")
+        self.headers = headers
+        self.subprotocols: list[str] = list(scope.get("subprotocols") or ())
+        self.args: Mapping[str, str] = SansIORequest(
+            "GET",
+            scope.get("scheme", "ws"),
+            None,
+            "",
+            scope.get("path", "/"),
+            scope.get("query_string") or b"",
+            Headers(),
+            None,
+        ).args
+        self.accepted = False
+        self.closed = False
+        self.cancel_scope = trio.CancelScope()
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        if not self.accepted:
+            self.accepted = True
+            await self._send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": []})
+
+    async def receive(self) -> WireMessage:
+        if not self.accepted:
+            await self.accept()
+        while True:
+            message: dict[str, Any] | None = None
+            nowait = self._receive_nowait
+            if (
+                nowait is not None
+                and self._nowait_run < MAX_NOWAIT_RECEIVES
+                and not self.cancel_scope.cancel_called
+            ):
+                try:
+                    message = nowait()
+                    self._nowait_run += 1
+                except trio.WouldBlock:
+                    pass
+            if message is None:
+                self._nowait_run = 0
+                message = await self._receive()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                data: WireMessage = message.get("bytes") or message["text"]
+                return data
+            if kind == "websocket.disconnect":
+                self.disconnected()
+                await trio.sleep_forever()  # cancelled: the handler ends here
+            # websocket.connect (hypercorn's first message): nothing to hand on
+
+    async def send(self, data: str | bytes) -> None:
+        if not self.accepted:
+            await self.accept()
+        if isinstance(data, str):
+            await self._send({"type": "websocket.send", "bytes": None, "text": data})
+        else:
+            await self._send({"type": "websocket.send", "bytes": data, "text": None})
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if self.closed:
+            raise RuntimeError("Cannot close websocket multiple times")  # as quart's
+        await self._send({"type": "websocket.close", "code": code, "reason": reason})
+        self.closed = True
+
+    def disconnected(self) -> None:
+        """The client is gone: the handler is cancelled (its session closes ``disconnect``)."""
+        self.cancel_scope.cancel()
+
+    async def reply(self, rendered: RenderedReply) -> None:
+        """Refuse the upgrade with an HTTP response (ASGI's websocket HTTP response extension)."""
+        await self._send(
+            {"type": "websocket.http.response.start", "status": rendered.status, "headers": rendered.headers}
+        )
+        for chunk in rendered.chunks:
+            await self._send({"type": "websocket.http.response.body", "body": chunk, "more_body": True})
+        await self._send({"type": "websocket.http.response.body", "body": b"", "more_body": False})
+
+
+async def serve_websocket(
+    scope: dict[str, Any],
+    receive: ASGIReceive,
+    send: ASGISend,
+    handler: Callable[[AsgiWebSocket], Awaitable[HttpReply | None]],
+    render: Callable[[HttpReply], Awaitable[RenderedReply]],
+) -> None:
+    """Run ``handler`` on the upgrade; send its refusal, or close 1000 after it if it accepted and
+    did not close (quart's ending). Cancelled at the client's disconnect, as under quart-trio."""
+    ws = AsgiWebSocket(scope, receive, send)
+    scope[DISCONNECT_HOOK_SCOPE] = ws.disconnected
+    try:
+        with ws.cancel_scope:
+            reply = await handler(ws)
+            if reply is not None and not ws.accepted:
+                await ws.reply(await render(reply))
+            elif ws.accepted and not ws.closed:
+                await ws.close(1000)
+    finally:
+        scope.pop(DISCONNECT_HOOK_SCOPE, None)
+
+
+__all__ = ["AsgiWebSocket", "HttpReply", "RenderedReply", "serve_websocket"]
