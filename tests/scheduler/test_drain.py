@@ -84,7 +84,6 @@ def drained_at(states: list[PolicyState]) -> list[int]:
         ("100 ms chunks: frames complete in pairs, never drained", [20, 40, 60, 80, 100] * 4, SLOW, []),
         ("5 behind is drained", [405.0] * 8, SLOW, [7]),
         ("6 behind (7 queued) is an upload, never drained", [485.0] * 20, SLOW, []),
-        ("catch-ups fit but none is owed: drained", [245.0] * 12, FAST, [7]),
         (
             "jitter on the lag does not hide a stable backlog",
             [245, 250, 247, 260, 246, 251, 249, 245],
@@ -105,6 +104,20 @@ def test_when_a_slot_is_owed_a_drain(
     label: str, lags_ms: list[float], steps: tuple[float, ...], want: list[int]
 ) -> None:
     assert drained_at(ticks(GridPolicy(), lags_ms, steps=steps)) == want, label
+
+
+def test_catch_ups_that_fit_but_are_not_owed_leave_the_backlog_to_the_drain() -> None:
+    # A standing backlog is owed a catch-up after stable_backlog_ticks; until then the drain,
+    # once its window is full, comes first.
+    policy = GridPolicy(stable_backlog_ticks=16)
+    assert drained_at(ticks(policy, [245.0] * 12, steps=FAST)) == [7]
+
+
+def test_a_standing_backlog_is_owed_a_catch_up_before_the_drain_window_fills() -> None:
+    policy = GridPolicy()
+    assert policy.stable_backlog_ticks < policy.drain_window_ticks
+    states = ticks(policy, [245.0] * policy.stable_backlog_ticks, steps=FAST)
+    assert states[-1].slots[0].debt == 1 and not any(s.drain for s in states)
 
 
 def test_a_catch_up_owed_that_fits_comes_first_unless_the_budget_is_spent() -> None:
