@@ -47,6 +47,7 @@ import dataclasses
 import gc
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -548,6 +549,7 @@ ARM_NAMES = tuple(a.name for a in ARMS)
 def run_arm(
     arm: Arm, model: str, seconds: float, cap: int, retries: int, seed: int, workdir: Path,
     log: Callable[[str], None], pool: list[Server], only: int | None = None,
+    serve_args: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """The arm's ramp (n = 1, 2, 4, ... then bisection; a fresh server of n slots per n: a
     MoshiEngine steps all its slots), or one trial at ``only`` sessions (the smoke)."""
@@ -555,7 +557,7 @@ def run_arm(
     extra = arm.load_args(seed)
 
     def batched(n: int) -> dict[str, Any]:
-        server = Server(model, n, workdir, f"{arm.name}-S{n}", arm.server_args())
+        server = Server(model, n, workdir, f"{arm.name}-S{n}", [*arm.server_args(), *serve_args])
         with running([server]):
             row = with_retry(
                 lambda a: run_batched_trial(
@@ -969,6 +971,11 @@ def main(argv: list[str] | None = None) -> int:
         "is run again (3 times at most)",
     )  # fmt: skip
     parser.add_argument("--quiet-pct", type=float, default=15.0, help="%% of one core")
+    parser.add_argument(
+        "--serve-args", default="",
+        help="part 1: more `duplex-actors serve` options for the batched servers (not the K x 1 "
+        "control), e.g. --serve-args=--engine-process",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.max_n, args.max_k, args.ticks, args.reps, args.rounds = 3.0, 4, 2, 20, 1, 1
@@ -1012,6 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
             results["overhead_other_cpu"] = meter.other_pct()
         arms: dict[str, dict[str, Any]] = {}
         results["arms"] = arms
+        results["serve_args"] = args.serve_args
         if "capacity" not in skip:
             log("part 1: the arms (issue 12), largest N in real time each")
             for arm in ARMS:
@@ -1020,6 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
                 arms[arm.name] = run_arm(
                     arm, args.model, args.seconds, args.max_k if arm.processes else args.max_n,
                     0 if args.smoke else args.retries, args.seed, workdir, log, pool, only=args.smoke,
+                    serve_args=shlex.split(args.serve_args),
                 )  # fmt: skip
                 stop_all(pool)  # the K single-slot servers of the control
                 pool.clear()

@@ -395,13 +395,6 @@ class Scheduler:
                 occupant.step_failed(exc)
             return
         elapsed = self.clock.now() - started
-        import os as _os
-
-        if _os.environ.get("DUPLEX_TICK_TRACE"):
-            with open(_os.environ["DUPLEX_TICK_TRACE"], "a") as _f:
-                _f.write(
-                    f"{started:.4f} {decision.kind} {decision.tick_at} {elapsed * 1000:.1f} {sorted(batch)} q={[len(v.frames) for v in view.slots]} first={[round((started - v.frames[0]) * 1000) if v.frames else None for v in view.slots]}\n"
-                )
         self._recent_steps.append(elapsed)
         self._ticks += 1
         self._frames += len(batch)
