@@ -250,7 +250,7 @@ class GridPolicy:
     # Regular ticks with a frame in a row before a missed tick counts as lateness, not a pause
     # or a client whose chunks do not divide the tick.
     steady_ticks: int = 8
-    stable_backlog_ticks: int = 6
+    stable_backlog_ticks: int = 8
     max_catchups_per_s: int = 2
     # A run of missed ticks (a late burst) is owed at most this many catch-ups.
     max_debt: int = 3
