@@ -456,7 +456,7 @@ class GridPolicy:
                 # a missed tick) is the double an alignment makes (or a late frame's): one is
                 # owed. Behind by the same depth for stable_backlog_ticks ticks: one is owed. A
                 # client ahead of real time falls further behind instead (0.2 frames a tick at
-                # 1.2x: never the same depth over 16 ticks).
+                # 1.2x: never the same depth over 8 ticks).
                 behind = max(0, math.floor((tick_at - s.frames[0]) / self.tick - EPS))
                 left = any(c <= tick_at for c in s.frames[1:])
                 stable = (st.stable + 1 if behind == st.backlog else 1) if behind else 0
