@@ -117,16 +117,32 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (a server's engine process, if any)."""
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += process_cpu_s(p)
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                todo += [int(c) for c in children.read_text().split()]
+    return total
+
+
 class CpuMeter:
     """CPU used on the machine during a trial by anything other than this benchmark: all busy
-    CPU-seconds, less those of the given servers, of children reaped meanwhile (the load
+    CPU-seconds, less those of the given servers (with their engine processes), of children
+    reaped meanwhile (the load
     generators) and of this process. In % of one core over the wall time."""
 
     def __init__(self, servers: list[Server]) -> None:
         self.servers = servers
         self.t0 = time.monotonic()
         self.busy0 = system_busy_s()
-        self.srv0 = sum(process_cpu_s(s.proc.pid) for s in servers)
+        self.srv0 = sum(tree_cpu_s(s.proc.pid) for s in servers)
         self.ru0 = self._rusage()
 
     @staticmethod
@@ -142,7 +158,7 @@ class CpuMeter:
     def other_pct(self) -> float:
         wall = time.monotonic() - self.t0
         busy = system_busy_s() - self.busy0
-        mine = sum(process_cpu_s(s.proc.pid) for s in self.servers) - self.srv0 + self._rusage() - self.ru0
+        mine = sum(tree_cpu_s(s.proc.pid) for s in self.servers) - self.srv0 + self._rusage() - self.ru0
         return max(0.0, 100 * (busy - mine) / wall) if wall > 0 else 0.0
 
 
