@@ -19,10 +19,11 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   estimated step (p90 of recent steps) fits before the next tick, or, when it does not, if the
   catch-up and the tick it then delays both end before the tick after (the median of the last
   ``OVERRUN_STEPS`` steps as the estimate; at most one such *overrun* per
-  ``overrun_interval_ms``), at most ``max_catchups_per_s`` per slot in any second. A tick
-  that no frame made is kept open ``late_tick_grace_ms``: frames that all came a little late
-  (a stall of the loop or the network) are stepped late as that tick's, not owed as debts. Falling further behind never earns one: a
-  client sending faster than real time is served one frame per tick. A slot the catch-ups
+  ``overrun_interval_ms``), at most ``max_catchups_per_s`` per slot in any second. Falling
+  further behind never earns one: a client sending faster than real time is served one frame
+  per tick. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
+  a little late (a stall of the loop or the network) are stepped late as that tick's, not owed
+  as debts. A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
   drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
@@ -323,6 +324,10 @@ class GridPolicy:
     def _estimate(self, view: SchedulerView) -> float | None:
         return percentile(view.recent_steps, 90) if view.recent_steps else None
 
+    def _latest_start(self, due: float, estimate: float) -> float:
+        """The last moment a step (``estimate`` long) can start and end before the tick ``due``."""
+        return due - estimate - self.guard_ms / 1000
+
     def _overrun_estimate(self, view: SchedulerView) -> float | None:
         # The median of the last few steps: an overrun only delays a tick, so it needs no p90
         # over the long window (slow steps while sessions start would block every overrun for
@@ -339,7 +344,7 @@ class GridPolicy:
 
     def _catchup_available(self, st: SlotState, view: SchedulerView, now: float) -> bool:
         """Will a catch-up serve this slot: it is owed one, has budget left, and a tick step
-        plus a catch-up step (p90 each) fit in one tick?"""
+        plus a catch-up step (p90 each) fit in one tick, or (an overrun) three steps in two?"""
         estimate, overrun = self._estimate(view), self._overrun_estimate(view)
         fits = estimate is not None and 2 * estimate + self.guard_ms / 1000 <= self.tick
         if not fits and overrun is not None and self.overrun_interval_ms > 0:
@@ -395,7 +400,7 @@ class GridPolicy:
         if estimate is not None:
             # A catch-up first: it serves a frame on top of the slot's ticks, where an early
             # step would spend the next tick on it and leave the slot a frame ahead.
-            latest_start = due - estimate - self.guard_ms / 1000
+            latest_start = self._latest_start(due, estimate)
             free_at = {}
             for s in waiting:
                 st = state.slot(s.index)
@@ -424,8 +429,8 @@ class GridPolicy:
             state = self.settle(state, view, started)
             estimate = self._estimate(view)
             if state.origin is not None and estimate is not None:
-                due = self.tick_time(state, state.next_tick)
-                if started > due - estimate - self.guard_ms / 1000 + EPS:
+                # It overran when it started past the last start that fits before the tick.
+                if started > self._latest_start(self.tick_time(state, state.next_tick), estimate) + EPS:
                     state = attrs.evolve(state, last_overrun=started, overruns=state.overruns + 1)
             slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
             for i in stepped:
