@@ -266,7 +266,11 @@ def _engine_children() -> set[int]:
     """This process's live children that multiprocessing spawned."""
     found: set[int] = set()
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for pid in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue  # a thread (a pytest or trio worker) that ended since the listing
+        for pid in children:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except FileNotFoundError:
