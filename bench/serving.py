@@ -20,6 +20,9 @@ One command, three measurements side by side in one run:
    ``--torch-threads 1`` per server. Per trial also: steps per tick (docs/operations.md's
    definition), the added wait (``duplex_frame_wait_seconds``), catch-up steps, alignment pad
    seconds and drained frames, from /metrics deltas; then issue 12's targets, met or not.
+   The arms' ramps run interleaved (each round one trial of every arm not yet done), so that a
+   slow hour of a shared host falls on every arm alike and the targets' ratios compare figures
+   from the same minutes; ``--sequential`` runs one whole ramp after the other.
    ``--arms a,b`` runs a subset; ``--smoke 2`` one short trial of each arm at N=2, no ramp.
 
 2. **Framework overhead per frame** (in process, as ``bench/actors.py``): the bare
@@ -453,37 +456,50 @@ def _load_child(argv: list[str]) -> int:
     return load.main(rest)
 
 
-def ramp(
-    test: Callable[[int], dict[str, Any]], cap: int, step: Callable[[int], int], log: Callable[[str], None]
-) -> tuple[int, list[dict[str, Any]]]:
-    """Largest n that holds: n = 1, step(1), ... until a break or ``cap``, then bisect."""
-    rows: list[dict[str, Any]] = []
+class Ramp:
+    """One arm's search for the largest n that holds: n = 1, step(1), ... until a break or
+    ``cap``, then bisection. ``next_n()`` is the next n to try (None: done); ``record`` its
+    outcome. A state machine, so that several arms' ramps can run interleaved."""
 
-    def trial(n: int) -> bool:
-        row = test(n)
-        rows.append(row)
-        log(
-            f"  n={n}: {'held' if row['held'] else 'broke: ' + '; '.join(row['reasons'])} "
-            f"(p99 {fmt(row['rtt_p99'])} ms, step {fmt(row['step_ms'])} ms)"
-        )
-        return bool(row["held"])
+    def __init__(self, cap: int, step: Callable[[int], int]) -> None:
+        self.cap, self.step = cap, step
+        self.good, self.n = 0, 1
+        self.bad: int | None = None
+        self.rows: list[dict[str, Any]] = []
 
-    good, bad, n = 0, None, 1
-    while True:
-        if not trial(n):
-            bad = n
-            break
-        good = n
-        if n >= cap:
-            break
-        n = min(cap, step(n))
-    while bad is not None and bad - good > 1:
-        mid = (good + bad) // 2
-        if trial(mid):
-            good = mid
+    def next_n(self) -> int | None:
+        if self.bad is None:
+            return self.n if self.good < self.n else None
+        return (self.good + self.bad) // 2 if self.bad - self.good > 1 else None
+
+    def record(self, n: int, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if row["held"]:
+            self.good = n
+            if self.bad is None:
+                self.n = min(self.cap, self.step(n)) if n < self.cap else n
         else:
-            bad = mid
-    return good, rows
+            self.bad = n
+
+
+def log_trial(log: Callable[[str], None], name: str, n: int, row: dict[str, Any]) -> None:
+    log(
+        f"  {name} n={n}: {'held' if row['held'] else 'broke: ' + '; '.join(row['reasons'])} "
+        f"(latency p99 {fmt(row['lat_p99'])} ms, step {fmt(row['step_ms'])} ms)"
+    )
+
+
+def ramp(
+    test: Callable[[int], dict[str, Any]], cap: int, step: Callable[[int], int], log: Callable[[str], None],
+    name: str = "",
+) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+    """Largest n that holds: n = 1, step(1), ... until a break or ``cap``, then bisect."""
+    search = Ramp(cap, step)
+    while (n := search.next_n()) is not None:
+        row = test(n)
+        log_trial(log, name, n, row)
+        search.record(n, row)
+    return search.good, search.rows
 
 
 # Other developers' work can share this machine: before every trial, wait (bounded) until it is
@@ -562,13 +578,12 @@ ARMS: tuple[Arm, ...] = (
 ARM_NAMES = tuple(a.name for a in ARMS)
 
 
-def run_arm(
-    arm: Arm, model: str, seconds: float, cap: int, retries: int, seed: int, workdir: Path,
-    log: Callable[[str], None], pool: list[Server], only: int | None = None,
+def arm_test(
+    arm: Arm, model: str, seconds: float, retries: int, seed: int, workdir: Path, pool: list[Server],
     serve_args: Sequence[str] = (),
-) -> dict[str, Any]:  # fmt: skip
-    """The arm's ramp (n = 1, 2, 4, ... then bisection; a fresh server of n slots per n: a
-    MoshiEngine steps all its slots), or one trial at ``only`` sessions (the smoke)."""
+) -> Callable[[int], dict[str, Any]]:  # fmt: skip
+    """One trial of the arm at n (with its retry): a fresh server of n slots per n (a
+    MoshiEngine steps all its slots), or the first K of the single-slot ``pool``."""
     sync = arm.phases == "sync"
     extra = arm.load_args(seed)
 
@@ -595,7 +610,34 @@ def run_arm(
         row.update(n=k, slots=1)
         return row
 
-    test = processes if arm.processes else batched
+    return processes if arm.processes else batched
+
+
+def ramp_step(arm: Arm) -> Callable[[int], int]:
+    return (lambda k: k + 1) if arm.processes else (lambda n: n * 2)
+
+
+def arm_result(
+    arm: Arm, cap: int, largest: int, rows: list[dict[str, Any]], seconds_taken: float
+) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(arm),
+        "cap": cap,
+        "largest": largest,
+        "rows": rows,
+        "at_largest": next((r for r in reversed(rows) if r["n"] == largest and r["held"]), None),
+        "s": round(seconds_taken, 1),
+    }
+
+
+def run_arm(
+    arm: Arm, model: str, seconds: float, cap: int, retries: int, seed: int, workdir: Path,
+    log: Callable[[str], None], pool: list[Server], only: int | None = None,
+    serve_args: Sequence[str] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """The arm's ramp (n = 1, 2, 4, ... then bisection), or one trial at ``only`` sessions (the
+    smoke)."""
+    test = arm_test(arm, model, seconds, retries, seed, workdir, pool, serve_args)
     t0 = time.perf_counter()
     log(f"[{arm.name}] {arm.label}")
     if only is not None:
@@ -607,14 +649,36 @@ def run_arm(
         )
         largest, rows = (only if row["held"] else 0), [row]
     else:
-        largest, rows = ramp(test, cap, (lambda k: k + 1) if arm.processes else (lambda n: n * 2), log)
+        largest, rows = ramp(test, cap, ramp_step(arm), log, arm.name)
+    return arm_result(arm, cap, largest, rows, time.perf_counter() - t0)
+
+
+def run_arms_interleaved(
+    arms: Sequence[Arm], model: str, seconds: float, caps: Callable[[Arm], int], retries: int, seed: int,
+    workdir: Path, log: Callable[[str], None], pool: list[Server], serve_args: Sequence[str] = (),
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Every arm's ramp at once, in rounds: each round runs the next trial of every arm whose
+    ramp is not done, so a slow hour of a shared host falls on all arms alike and the ratios
+    between them (issue 12's targets) are measured over the same minutes."""
+    searches = {a.name: Ramp(caps(a), ramp_step(a)) for a in arms}
+    tests = {a.name: arm_test(a, model, seconds, retries, seed, workdir, pool, serve_args) for a in arms}
+    busy = dict.fromkeys(searches, 0.0)
+    rounds = 0
+    while True:
+        todo = [(a, n) for a in arms if (n := searches[a.name].next_n()) is not None]
+        if not todo:
+            break
+        rounds += 1
+        log(f"round {rounds}: " + ", ".join(f"{a.name} n={n}" for a, n in todo))
+        for arm, n in todo:
+            t0 = time.perf_counter()
+            row = tests[arm.name](n)
+            busy[arm.name] += time.perf_counter() - t0
+            log_trial(log, arm.name, n, row)
+            searches[arm.name].record(n, row)
     return {
-        **dataclasses.asdict(arm),
-        "cap": cap,
-        "largest": largest,
-        "rows": rows,
-        "at_largest": next((r for r in reversed(rows) if r["n"] == largest and r["held"]), None),
-        "s": round(time.perf_counter() - t0, 1),
+        a.name: arm_result(a, caps(a), searches[a.name].good, searches[a.name].rows, busy[a.name])
+        for a in arms
     }
 
 
@@ -968,6 +1032,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="part 1: seed of random phases and jitter")
     parser.add_argument(
+        "--sequential", action="store_true",
+        help="part 1: run each arm's whole ramp before the next (default: interleaved, one trial of "
+        "every unfinished arm per round)",
+    )  # fmt: skip
+    parser.add_argument(
         "--smoke", type=int, default=None, metavar="N",
         help="part 1: one trial of each arm at N sessions (K = N processes), no ramp, no retry",
     )  # fmt: skip
@@ -1038,16 +1107,25 @@ def main(argv: list[str] | None = None) -> int:
         results["serve_args"] = args.serve_args
         if "capacity" not in skip:
             log("part 1: the arms (issue 12), largest N in real time each")
-            for arm in ARMS:
-                if arm.name not in chosen:
-                    continue
-                arms[arm.name] = run_arm(
-                    arm, args.model, args.seconds, args.max_k if arm.processes else args.max_n,
-                    0 if args.smoke else args.retries, args.seed, workdir, log, pool, only=args.smoke,
-                    serve_args=shlex.split(args.serve_args),
+            selected = [arm for arm in ARMS if arm.name in chosen]
+            retries = 0 if args.smoke else args.retries
+            serve_args = shlex.split(args.serve_args)
+            if args.sequential or args.smoke:
+                for arm in selected:
+                    arms[arm.name] = run_arm(
+                        arm, args.model, args.seconds, args.max_k if arm.processes else args.max_n,
+                        retries, args.seed, workdir, log, pool, only=args.smoke, serve_args=serve_args,
+                    )  # fmt: skip
+                    stop_all(pool)  # the K single-slot servers of the control
+                    pool.clear()
+            else:
+                arms.update(
+                    run_arms_interleaved(
+                        selected, args.model, args.seconds,
+                        lambda arm: args.max_k if arm.processes else args.max_n,
+                        retries, args.seed, workdir, log, pool, serve_args,
+                    )
                 )  # fmt: skip
-                stop_all(pool)  # the K single-slot servers of the control
-                pool.clear()
     finally:
         stop_all(pool)
         if args.keep:
