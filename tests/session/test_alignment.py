@@ -197,6 +197,29 @@ def test_a_stall_beyond_the_margin_cap_does_not_raise_the_margin() -> None:
     assert aligner.margin_ms == 3.0
 
 
+def test_one_burst_of_late_frames_is_a_stall_and_keeps_the_margin() -> None:
+    # Three consecutive frames 20 ms late at 4.6 s (under the 40 ms cap, e.g. the whole server
+    # stalled): the recheck at 5 s sees one burst and keeps the margin.
+    delays = [0.0] * 100
+    for j in range(57, 60):
+        delays[j] = 0.020
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays)
+    assert aligner.margin_ms == 3.0
+    assert [d.reason for _, d in run.decisions] == ["start"]
+
+
+def test_bursts_in_two_windows_raise_the_margin() -> None:
+    # The same burst again in the next window (at 8 s): jitter, not a stall.
+    delays = [0.0] * 140
+    for j in (*range(57, 60), *range(100, 103)):
+        delays[j] = 0.020
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays)
+    assert aligner.margin_ms == pytest.approx(22.0)
+    assert [d.reason for _, d in run.decisions] == ["start", "margin"]
+
+
 def test_total_pad_is_bounded_then_unaligned() -> None:
     # A pause of 37 ms every ~4 s moves the phase each check: re-aligned each time until the
     # next pad would pass the bound; from then on nothing.

@@ -36,7 +36,10 @@ move with it; more than the margin is *drift*). The margin becomes the ``latenes
 stay under 1 %) of the lateness relative to that minimum + 2 ms, clamped to ``[margin_min_ms,
 margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (the scheduler's
 catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
-with it (``STALL_JOIN_S``). It re-aligns (reason "drift" or "margin") when frames would
+with it (``STALL_JOIN_S``). The margin is raised only when frames came later than it allows in
+two bursts (runs of consecutive frames) over this window and the one before: a single burst is
+a stall, most often of the whole server (every session late at once), and a margin raised for
+it would add its wait to every later frame of the session. It re-aligns (reason "drift" or "margin") when frames would
 complete later than the margin allows (a few ms of pad), or more than one pad granule plus
 ``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
 extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
@@ -163,6 +166,7 @@ class Aligner:
         self._window: list[float] = []  # lateness (s) of frames since the last check
         self._coverable: list[float] = []  # of those, the ones not part of a stall
         self._stall_at = -math.inf  # when the last frame later than margin_max_ms arrived
+        self._bursts_before = 0  # bursts past the margin in the window before the last check
         self._next_check = math.inf
         self._hint_at: float | None = None  # a hint the client has not answered yet
 
@@ -283,7 +287,20 @@ class Aligner:
         self._base += shift
         self._anchor += shift
         old = self._margin_ms
-        self._margin_ms = self._margin_from([x - shift for x in coverable])
+        lateness = [x - shift for x in coverable]
+        self._margin_ms = self._margin_from(lateness)
+        if self._margin_ms > old + _EPS:
+            # Frames the old margin left short, in runs of consecutive frames (a burst): one
+            # burst in two windows is a stall (most often the whole server's: every session is
+            # late at once), which a margin raised for good would charge every later frame for.
+            short = [x * 1000 + 2.0 > old + _EPS for x in lateness]
+            bursts = sum(1 for i, s in enumerate(short) if s and (i == 0 or not short[i - 1]))
+            if bursts + self._bursts_before < 2:
+                kept = [x for x, late in zip(lateness, short, strict=True) if not late]
+                self._margin_ms = min(old, self._margin_from(kept))
+            self._bursts_before = bursts
+        else:
+            self._bursts_before = 0
         granule = self._granule_samples()
         if granule is None:
             return None
