@@ -198,10 +198,11 @@ def test_a_stall_beyond_the_margin_cap_does_not_raise_the_margin() -> None:
 
 
 def test_one_burst_of_late_frames_is_a_stall_and_keeps_the_margin() -> None:
-    # Three consecutive frames 20 ms late at 4.6 s (under the 40 ms cap, e.g. the whole server
-    # stalled): the recheck at 5 s sees one burst and keeps the margin.
+    # Three consecutive frames 20 ms late at 4.1 s (under the 40 ms cap, e.g. the whole server
+    # stalled) and three more at 4.6 s: the recheck at 5 s sees one burst and keeps the margin.
+    # It releases and stalls again 0.5 s later: the same burst.
     delays = [0.0] * 100
-    for j in range(57, 60):
+    for j in (*range(51, 54), *range(57, 60)):
         delays[j] = 0.020
     aligner = Aligner(mode="client")
     run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays)

@@ -37,7 +37,8 @@ stay under 1 %) of the lateness relative to that minimum + 2 ms, clamped to ``[m
 margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (the scheduler's
 catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
 with it (``STALL_JOIN_S``). The margin is raised only when frames came later than it allows in
-two bursts (runs of consecutive frames) over this window and the one before: a single burst is
+two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the one
+before: a single burst is
 a stall, most often of the whole server (every session late at once), and a margin raised for
 it would add its wait to every later frame of the session. It re-aligns (reason "drift" or "margin") when frames would
 complete later than the margin allows (a few ms of pad), or more than one pad granule plus
@@ -77,6 +78,9 @@ MIN_WINDOW: Final = 8
 # Frames arriving this close after one later than margin_max_ms were held with it (a stall
 # released at once over an in-order stream): their lateness says nothing about the jitter.
 STALL_JOIN_S: Final = 0.002
+# Late frames at most this many frames apart (~1 s) are one burst: one stall of the server or
+# the path, which may release and stall again.
+BURST_GAP: Final = 12
 _EPS: Final = 1e-6
 
 
@@ -290,11 +294,12 @@ class Aligner:
         lateness = [x - shift for x in coverable]
         self._margin_ms = self._margin_from(lateness)
         if self._margin_ms > old + _EPS:
-            # Frames the old margin left short, in runs of consecutive frames (a burst): one
+            # Frames the old margin left short, grouped in bursts (BURST_GAP): one
             # burst in two windows is a stall (most often the whole server's: every session is
             # late at once), which a margin raised for good would charge every later frame for.
             short = [x * 1000 + 2.0 > old + _EPS for x in lateness]
-            bursts = sum(1 for i, s in enumerate(short) if s and (i == 0 or not short[i - 1]))
+            late_at = [i for i, s in enumerate(short) if s]
+            bursts = sum(1 for k, i in enumerate(late_at) if k == 0 or i - late_at[k - 1] > BURST_GAP)
             if bursts + self._bursts_before < 2:
                 kept = [x for x, late in zip(lateness, short, strict=True) if not late]
                 self._margin_ms = min(old, self._margin_from(kept))
