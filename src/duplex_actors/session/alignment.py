@@ -37,11 +37,10 @@ stay under 1 %) of the lateness relative to that minimum + 2 ms, clamped to ``[m
 margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (the scheduler's
 catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
 with it (``STALL_JOIN_S``). The margin is raised only when frames came later than it allows in
-two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the one
-before: a single burst is
-a stall, most often of the whole server (every session late at once), and a margin raised for
-it would add its wait to every later frame of the session. It re-aligns (reason "drift" or "margin") when frames would
-complete later than the margin allows (a few ms of pad), or more than one pad granule plus
+two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the
+one before: a single burst is a stall, most often of the whole server (every session late at
+once), and a margin raised for it would add its wait to every later frame of the session. It
+re-aligns (reason "drift" or "margin") when frames would complete later than the margin allows (a few ms of pad), or more than one pad granule plus
 ``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
 extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
 small gains are not worth it). Every decision is taken at the first append of a frame (the
