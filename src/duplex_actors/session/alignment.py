@@ -40,8 +40,8 @@ with it (``STALL_JOIN_S``). The margin is raised only when frames came later tha
 two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the
 one before: a single burst is a stall, most often of the whole server (every session late at
 once), and a margin raised for it would add its wait to every later frame of the session. It
-re-aligns (reason "drift" or "margin") when frames would complete later than the margin allows (a few ms of pad), or more than one pad granule plus
-``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
+re-aligns (reason "drift" or "margin") when frames would complete later than the margin allows
+(a few ms of pad), or more than one pad granule plus ``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
 extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
 small gains are not worth it). Every decision is taken at the first append of a frame (the
 core's tail before it shorter than a chunk), where a pad moves that frame's own completion: a
