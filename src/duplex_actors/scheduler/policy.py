@@ -477,6 +477,8 @@ class GridPolicy:
                 left = any(c <= tick_at for c in s.frames[1:])
                 stable = (st.stable + 1 if behind == st.backlog else 1) if behind else 0
                 debt = st.debt if behind or left else 0
+                if st.backlog and behind > st.backlog:
+                    debt = 0  # falling further behind (ahead of real time): an old debt lapses
                 if (behind or left) and st.streak <= 1:
                     # Its first frame came after the previous tick, and the hinted next one
                     # before this tick: two frames for one tick, although neither is a tick late.
