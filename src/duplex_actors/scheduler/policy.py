@@ -23,7 +23,7 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   further behind never earns one: a client sending faster than real time is served one frame
   per tick. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
   a little late (a stall of the loop or the network) are stepped late as that tick's, not owed
-  as debts, in one step once every steppable slot has its frame (or when the grace ends). A slot the catch-ups
+  as debts. A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
   drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
@@ -394,17 +394,6 @@ class GridPolicy:
             state = self.settle(state, view, now)
             due = self.tick_time(state, state.next_tick)
         if now >= due - EPS:
-            grace_ends = due + self.late_tick_grace_ms / 1000
-            if (
-                state.origin is not None
-                and len(waiting) < steppable
-                and min(s.frames[0] for s in waiting) > due + EPS
-                and now < grace_ends - EPS
-            ):
-                # A tick held open by the late grace (no frame made it): the frames of a stall
-                # come within a ms or two of each other, so the first one waits for the others
-                # (until the grace ends), not for a catch-up after a step of its own.
-                return WaitUntil(grace_ends)
             return StepNow(slots, "tick", due)
         wake = due
         estimate = self._estimate(view)
