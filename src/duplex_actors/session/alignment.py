@@ -41,8 +41,8 @@ two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this wi
 one before: a single burst is a stall, most often of the whole server (every session late at
 once), and a margin raised for it would add its wait to every later frame of the session. It
 re-aligns (reason "drift" or "margin") when frames would complete later than the margin allows
-(a few ms of pad), or more than one pad granule plus ``realign_gain_ms`` earlier than needed (moving them later costs a pad of nearly 80 ms and one
-extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
+(a few ms of pad), or more than one pad granule plus ``realign_gain_ms`` earlier than needed
+(moving them later costs a pad of nearly 80 ms and one extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
 small gains are not worth it). Every decision is taken at the first append of a frame (the
 core's tail before it shorter than a chunk), where a pad moves that frame's own completion: a
 server pad at the start, before the first frame, or one that moves frames earlier never makes
@@ -296,11 +296,11 @@ class Aligner:
             # Frames the old margin left short, grouped in bursts (BURST_GAP): one
             # burst in two windows is a stall (most often the whole server's: every session is
             # late at once), which a margin raised for good would charge every later frame for.
-            short = [x * 1000 + 2.0 > old + _EPS for x in lateness]
-            late_at = [i for i, s in enumerate(short) if s]
+            late_at = [i for i, x in enumerate(lateness) if x * 1000 + 2.0 > old + _EPS]
             bursts = sum(1 for k, i in enumerate(late_at) if k == 0 or i - late_at[k - 1] > BURST_GAP)
             if bursts + self._bursts_before < 2:
-                kept = [x for x, late in zip(lateness, short, strict=True) if not late]
+                short = set(late_at)
+                kept = [x for i, x in enumerate(lateness) if i not in short]
                 self._margin_ms = min(old, self._margin_from(kept))
             self._bursts_before = bursts
         else:
