@@ -26,6 +26,7 @@ from .test_disconnects import run_load
 
 RATE_LIMIT_AFTER_S = 3.0
 ATTACK_S = 6.0
+CONFIG_ROUNDS = 3
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -145,35 +146,45 @@ async def test_floods_are_pushed_back_log_little_and_leave_others_their_time(
 async def test_config_attacks_are_refused_and_leave_others_their_time(hostile_server, tmp_path, record):
     """Items 3, 6, 7 beside the reference: 40 updates each adding a 200 KB key (the merged config
     is bounded at 256 KiB, so the echo never grows past it), ``temperature: 1e400``, a persona
-    with a lone surrogate and one past the model's context, sent over and over."""
-    await wait_slots_free(hostile_server)
-    base = await run_load(hostile_server, tmp_path / "baseline", 2, ATTACK_S - 1)
-    loaded, seen, figures = await under_attack(hostile_server, tmp_path, "config")
-    ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
-    record(
-        mode="config",
-        baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
-        attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
-        p99_ratio=round(ratio, 3),
-        attack_step_mean_ms=round(figures["step_mean_ms"], 2),
-        log_bytes_per_s=round(figures["log_bytes_per_s"]),
-        log_window_s=round(figures["window_s"], 2),
-        attacker_errors=seen["errors"],
-        attacker_closes=seen["closes"],
-        attacker_connections=seen["connections"],
-        reference_lost=loaded["lost_frames"],
-    )
-    errors = seen["errors"]
-    # Each refusal is its documented code and the session goes on (no internal_error, no 1011).
-    assert errors.get("invalid_value", 0) >= 1, errors  # the 256 KiB bound
-    assert errors.get("bad_event", 0) >= 1 or errors.get("invalid_value", 0) >= 2, errors  # 1e400
-    assert errors.get("invalid_duplex_runtime_config", 0) >= 2, errors  # surrogate, too long
-    assert "internal_error" not in errors and "1011" not in seen["closes"], seen
-    assert loaded["lost_frames"] == 0
-    # Refused updates are logged as small rejected records, never with their config.
-    assert figures["log_bytes_per_s"] < 1_000_000, figures
+    with a lone surrogate and one past the model's context, sent over and over.
+
+    The reference's p99 over 5 s is its second-worst of ~125 frames, so one stall of the shared
+    host in either window moves a single ratio past 2x (a fresh-clone CI run: 2.02x, with every
+    step twice as slow as on a quiet host). The bound is on the median of CONFIG_ROUNDS paired
+    rounds (baseline, then attack), each recorded: an attack that costs the reference its time
+    fails every round, a stall fails one."""
+    ratios = []
+    for round_ in range(CONFIG_ROUNDS):
+        await wait_slots_free(hostile_server)
+        base = await run_load(hostile_server, tmp_path / f"baseline{round_}", 2, ATTACK_S - 1)
+        loaded, seen, figures = await under_attack(hostile_server, tmp_path / f"round{round_}", "config")
+        ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
+        ratios.append(ratio)
+        record(
+            mode="config",
+            round=round_,
+            baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
+            attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
+            p99_ratio=round(ratio, 3),
+            attack_step_mean_ms=round(figures["step_mean_ms"], 2),
+            log_bytes_per_s=round(figures["log_bytes_per_s"]),
+            log_window_s=round(figures["window_s"], 2),
+            attacker_errors=seen["errors"],
+            attacker_closes=seen["closes"],
+            attacker_connections=seen["connections"],
+            reference_lost=loaded["lost_frames"],
+        )
+        errors = seen["errors"]
+        # Each refusal is its documented code and the session goes on (no internal_error, no 1011).
+        assert errors.get("invalid_value", 0) >= 1, errors  # the 256 KiB bound
+        assert errors.get("bad_event", 0) >= 1 or errors.get("invalid_value", 0) >= 2, errors  # 1e400
+        assert errors.get("invalid_duplex_runtime_config", 0) >= 2, errors  # surrogate, too long
+        assert "internal_error" not in errors and "1011" not in seen["closes"], seen
+        assert loaded["lost_frames"] == 0
+        # Refused updates are logged as small rejected records, never with their config.
+        assert figures["log_bytes_per_s"] < 1_000_000, figures
     # Decision 11: the 200 KB updates (held to the control-byte budget) leave the reference its time.
-    assert ratio < 2.0, (base["round_trip_ms"], loaded["round_trip_ms"], figures)
+    assert sorted(ratios)[len(ratios) // 2] < 2.0, ratios
 
 
 async def test_an_upload_counts_as_session_backlog_not_as_deadline_misses(hostile_server, tmp_path, record):
