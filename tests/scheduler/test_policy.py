@@ -328,7 +328,9 @@ def test_grid_catch_up_spends_debt_and_budget_and_a_miss_right_after_is_phase() 
     assert_decision(step, StepNow((0,), "catchup"))
     assert isinstance(step, StepNow)
     state = policy.after_step(state, v, step, 165 * MS)
-    assert state.slots[0] == SlotState(streak=0, debt=0, catchups=(165 * MS,), caught_up=True, seen=True)
+    assert state.slots[0] == SlotState(
+        streak=0, debt=0, catchups=(165 * MS,), caught_up=True, seen=True, last_completed=163 * MS
+    )
     assert state.catchup_steps == 1 and state.next_tick == 3
     # Slot 0's next frame comes after the tick again: that is its phase, it owes nothing.
     v = view(slot(0), slot(1, 230), state=state)
@@ -437,3 +439,79 @@ def test_grid_a_new_slots_double_is_owed_a_catch_up_though_no_frame_is_a_tick_la
     after = policy.after_step(state, v, StepNow((0,), "catchup"), 205 * MS)
     assert after.overruns == 1 and after.last_overrun == pytest.approx(205 * MS)
     assert after.next_tick == 3  # tick 240 is still due: stepped late, not skipped
+
+
+def padded_slot(index: int, frames_ms: tuple[float, ...], padded: tuple[bool, ...]) -> SlotView:
+    return attrs.evolve(slot(index, *frames_ms), padded=padded)
+
+
+def test_grid_a_re_alignments_double_is_owed_a_catch_up_after_its_tick() -> None:
+    # A steady session whose frames completed 26 ms before the ticks, re-aligned 20 ms later (a
+    # hint of 60 ms): the frame of the old phase completed at 134 and the padded one, sent 60 ms
+    # early, at 154 (and, below, at 155): two frames for tick 160, neither late. One is owed.
+    policy = GridPolicy()
+    state = grid_state(0, 2, STEADY, STEADY)
+    v = view(padded_slot(0, (134, 155), (False, True)), slot(1, 156), steps_ms=(20,) * 8, state=state)
+    step = policy.decide(160 * MS, v)
+    assert_decision(step, StepNow((0, 1), "tick", 160 * MS))
+    assert isinstance(step, StepNow)
+    state = policy.after_step(state, v, step, 160 * MS)
+    assert (state.slots[0].debt, state.slots[1].debt) == (1, 0)
+    v = view(padded_slot(0, (155,), (True,)), slot(1), steps_ms=(20,) * 8, state=state)
+    assert_decision(policy.decide(181 * MS, v), StepNow((0,), "catchup"))
+    # The same double of an unpadded frame (a client ahead of real time) is owed nothing.
+    state = grid_state(0, 2, STEADY, STEADY)
+    v = view(slot(0, 134, 155), slot(1, 156), steps_ms=(20,) * 8, state=state)
+    step = policy.decide(160 * MS, v)
+    assert isinstance(step, StepNow)
+    assert policy.after_step(state, v, step, 160 * MS).slots[0].debt == 0
+
+
+def test_grid_a_padded_frame_that_missed_its_early_tick_is_caught_up_at_once() -> None:
+    # Tick 160 was stepped early (every slot had a frame at 150); the re-aligned session's padded
+    # frame then completed at 155, before that tick: a frame of a stepped tick, owed now rather
+    # than at tick 240 (80 ms more).
+    policy = GridPolicy()
+    state = grid_state(0, 3, SlotState(streak=11, seen=True), SlotState(streak=11, seen=True))
+    v = view(padded_slot(0, (155,), (True,)), slot(1), steps_ms=(20,) * 8, state=state)
+    assert_decision(policy.decide(161 * MS, v), StepNow((0,), "catchup"))
+    # Unpadded, the same frame waits for its tick (a client ahead of real time gets no catch-up).
+    v = view(slot(0, 155), slot(1), steps_ms=(20,) * 8, state=state)
+    assert_decision(policy.decide(161 * MS, v), WaitUntil(240 * MS))
+    # Not caught up in time (no budget left), it is stepped at tick 240 a tick behind: owed then.
+    spent = SlotState(streak=11, seen=True, catchups=(0.100, 0.120))
+    state = grid_state(0, 3, spent, SlotState(streak=11, seen=True))
+    v = view(padded_slot(0, (155, 235), (True, False)), slot(1, 236), steps_ms=(20,) * 8, state=state)
+    step = policy.decide(240 * MS, v)
+    assert_decision(step, StepNow((0, 1), "tick", 240 * MS))
+    assert isinstance(step, StepNow)
+    assert policy.after_step(state, v, step, 240 * MS).slots[0].debt == 1
+
+
+def test_grid_a_tick_most_of_whose_steady_slots_are_late_is_held_for_them() -> None:
+    # Three steady slots whose frames complete ~5 ms before the ticks; at tick 160 only slot 0's
+    # came (a stall held the other two): the tick waits for them, at most the late grace and
+    # never past the last start that ends before the next tick (240 - 30 - 2 = 208).
+    policy = GridPolicy()
+    was = SlotState(streak=10, seen=True, last_completed=75 * MS)
+    state = grid_state(0, 2, was, was, was)
+    v = view(slot(0, 155), slot(1), slot(2), steps_ms=(30,) * 8, state=state)
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(200 * MS))
+    slow = view(slot(0, 155), slot(1), slot(2), steps_ms=(40,) * 8, state=state)
+    assert_decision(policy.decide(160 * MS, slow), WaitUntil(198 * MS))
+    # They come 8 ms late: all three stepped as tick 160's.
+    v = view(slot(0, 155), slot(1, 168), slot(2, 168), steps_ms=(30,) * 8, state=state)
+    assert_decision(policy.decide(168 * MS, v), StepNow((0, 1, 2), "tick", 160 * MS))
+    # The grace gone by, the tick goes with what it has.
+    v = view(slot(0, 155), slot(1), slot(2), steps_ms=(30,) * 8, state=state)
+    assert_decision(policy.decide(200 * MS, v), StepNow((0,), "tick", 160 * MS))
+    # One of three late is left to the catch-ups; so is a slot whose next frame is not due by
+    # this tick (it was caught up ahead, or completes just after the ticks), and slots not steady.
+    v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(30,) * 8, state=state)
+    assert_decision(policy.decide(160 * MS, v), StepNow((0, 1), "tick", 160 * MS))
+    ahead = SlotState(streak=10, seen=True, last_completed=155 * MS)
+    v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, ahead, ahead), steps_ms=(30,) * 8)
+    assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))
+    new = SlotState(streak=3, seen=True, last_completed=75 * MS)
+    v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, new, new), steps_ms=(30,) * 8)
+    assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))

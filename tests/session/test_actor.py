@@ -75,7 +75,7 @@ class Scheduler:
         self.frames: list[int] = []
         self.tick_grid: Grid | None = None
 
-    def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None:
+    def submit_nowait(self, slot: int, frame_index: int, samples: Any, padded: bool = False) -> None:
         self.frames.append(frame_index)
 
     def request_reset(self, slot: int, epoch: int, prompt: Any) -> None:

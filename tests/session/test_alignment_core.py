@@ -55,6 +55,23 @@ def test_a_pad_inserts_zeros_after_the_partial_tail():
     assert audio.input_samples_end == 1000  # the frame ended inside the pad: its start
 
 
+def test_the_frames_that_hold_a_pad_are_marked_padded():
+    # The scheduler owes the double a re-alignment makes a catch-up: it needs to know which
+    # frame holds the pad (and only that one: the frames after it are the client's own).
+    core = new_core()
+    assert [f.padded for f in frames(core.apply(r.Append(pcm16(FRAME_SAMPLES), "pcm16")))] == [False]
+    assert frames(core.apply(r.Pad(1200, "client"))) == []
+    assert [f.padded for f in frames(core.apply(r.Append(pcm16(720), "pcm16")))] == [True]
+    assert [f.padded for f in frames(core.apply(r.Append(pcm16(FRAME_SAMPLES), "pcm16")))] == [False]
+    # A pad that fills one frame and spills into the next marks both; a clear forgets it.
+    core.apply(r.Append(pcm16(1000), "pcm16"))
+    assert [f.padded for f in frames(core.apply(r.Pad(1000, "drift")))] == [True]
+    assert [f.padded for f in frames(core.apply(r.Append(pcm16(1840), "pcm16")))] == [True]
+    core.apply(r.Pad(500, "drift"))
+    core.apply(r.ClearInput())
+    assert [f.padded for f in frames(core.apply(r.Append(pcm16(FRAME_SAMPLES), "pcm16")))] == [False]
+
+
 def test_a_pad_past_the_bound_is_refused_and_inserts_nothing():
     core = new_core(max_pad_samples=1000)
     assert emitted(core.apply(r.Pad(600, "start"))) == []

@@ -143,9 +143,12 @@ class Scheduler:
             raise ResourceExhausted(f"all {self.engine.slots} sessions are in use; try again later")
         return slot.index
 
-    def submit_nowait(self, slot: int, frame_index: int, samples: npt.NDArray[np.float32]) -> None:
+    def submit_nowait(
+        self, slot: int, frame_index: int, samples: npt.NDArray[np.float32], padded: bool = False
+    ) -> None:
+        """Queue a complete frame (``padded``: it holds alignment pad samples, see SlotView)."""
         entry = self.table.slots[slot]
-        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now()))
+        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now(), padded))
         self._wake.set()
 
     def request_reset(self, slot: int, epoch: int, prompt: SessionPrompt | None) -> None:
@@ -267,6 +270,7 @@ class Scheduler:
                     active=e.active,
                     reset_pending=e.pending_reset is not None,
                     frames=tuple(e.frames[i].submitted_at for i in range(min(2, len(e.frames)))),
+                    padded=tuple(e.frames[i].padded for i in range(min(2, len(e.frames)))),
                 )
                 for e in self.table.slots
             ),

@@ -14,7 +14,9 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   the due tick's own interval) once every steppable slot has a frame; ticks that pass with
   nothing to step are skipped whole. A slot is owed a catch-up step of its own when it was on
   cadence and missed a tick (its frame came late, by jitter), for its first frame (and if it
-  falls a frame behind within its first two steps: the double an alignment pad makes), or when
+  falls a frame behind within its first two steps: the double an alignment pad makes), for the
+  double of a later re-alignment (a frame that holds alignment pad samples, ``SlotView.padded``,
+  came second for one tick, or came after its tick was stepped early without it), or when
   it stays the same number of frames behind for ``stable_backlog_ticks``; it gets it if the
   estimated step (p90 of recent steps) fits before the next tick, or, when it does not, if the
   catch-up and the tick it then delays both end before the tick after (the median of the last
@@ -23,7 +25,8 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   further behind never earns one: a client sending faster than real time is served one frame
   per tick. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
   a little late (a stall of the loop or the network) are stepped late as that tick's, not owed
-  as debts. A slot the catch-ups
+  as debts; so is a tick most of whose steady slots have no frame yet, while its step still
+  ends before the next tick (``_hold_until``). A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
   drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
@@ -71,6 +74,11 @@ class SlotView:
     reset_pending: bool = False
     # Completion times of the frames waiting in this slot's queue, oldest first.
     frames: tuple[float, ...] = ()
+    # For as many of those frames (or fewer: the rest are not): the frame holds alignment pad
+    # samples. It completes early by design, so when it is the second frame for one tick (a
+    # re-alignment that moves the session's phase later makes that double), the grid owes it
+    # a catch-up, as it does the double of a session's first alignment.
+    padded: tuple[bool, ...] = ()
 
     @property
     def steppable(self) -> bool:
@@ -103,6 +111,8 @@ class SlotState:
     # catch-up or a drain, and when the slot's recent drains were decided.
     lags: tuple[float, ...] = ()
     drains: tuple[float, ...] = ()
+    # When the slot's last stepped frame completed (its next is due a tick later).
+    last_completed: float | None = None
 
 
 FRESH_SLOT: Final = SlotState()
@@ -379,6 +389,32 @@ class GridPolicy:
             return False
         return now + 2 * estimate + self.guard_ms / 1000 <= due + self.tick + EPS
 
+    def _hold_until(self, state: PolicyState, view: SchedulerView, due: float, now: float) -> float | None:
+        """Until when the tick ``due`` waits for its frames (None: step it now).
+
+        A tick most of whose steady slots have no frame yet is held for them, within the late
+        grace and while its step still ends before the next tick: their frames are late together
+        (a stall of the loop, the host or the path), and stepping the few that came alone would
+        leave the rest a catch-up (a full step) to wait for, or a tick more. A steady slot that
+        misses the tick is steady no more, so a pause holds at most one tick.
+        """
+        steady = missing = 0
+        for s in view.slots:
+            st = state.slot(s.index)
+            if s.steppable and st.streak >= self.steady_ticks:
+                steady += 1
+                # Missing: its next frame was due to complete by this tick (one caught up ahead
+                # of it, or whose phase is just after the ticks, is not).
+                due_by = st.last_completed is not None and st.last_completed + self.tick <= due + EPS
+                missing += not s.frames and due_by
+        if steady < 2 or 2 * missing <= steady:
+            return None
+        until = due + self.late_tick_grace_ms / 1000
+        estimate = self._estimate(view)
+        if estimate is not None:
+            until = min(until, self._latest_start(due + self.tick, estimate))
+        return until if now < until - EPS else None
+
     def decide(self, now: float, view: SchedulerView) -> Decision:
         steppable, waiting = _waiting(view)
         if not waiting:
@@ -394,7 +430,8 @@ class GridPolicy:
             state = self.settle(state, view, now)
             due = self.tick_time(state, state.next_tick)
         if now >= due - EPS:
-            return StepNow(slots, "tick", due)
+            held = self._hold_until(state, view, due, now)
+            return StepNow(slots, "tick", due) if held is None else WaitUntil(held)
         wake = due
         estimate = self._estimate(view)
         if estimate is not None:
@@ -404,7 +441,10 @@ class GridPolicy:
             free_at = {}
             for s in waiting:
                 st = state.slot(s.index)
-                if st.debt > 0 or not st.seen:
+                # A padded frame that completed before this tick's interval opened is the
+                # double of a re-alignment whose tick was stepped early, without it: owed now.
+                doubled = bool(s.padded) and s.padded[0] and s.frames[0] < due - self.tick - EPS
+                if st.debt > 0 or not st.seen or doubled:
                     free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
             if catchup and (now <= latest_start or self._overrun_allowed(state, view, now, due)):
@@ -433,11 +473,18 @@ class GridPolicy:
                 if started > self._latest_start(self.tick_time(state, state.next_tick), estimate) + EPS:
                     state = attrs.evolve(state, last_overrun=started, overruns=state.overruns + 1)
             slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
+            completed = {s.index: s.frames[0] for s in view.slots if s.index in stepped and s.frames}
             for i in stepped:
                 st = slots[i]
                 recent = (*(t for t in st.catchups if t > started - 1.0), started)
                 slots[i] = attrs.evolve(
-                    st, debt=max(0, st.debt - 1), catchups=recent, caught_up=True, seen=True, lags=()
+                    st,
+                    debt=max(0, st.debt - 1),
+                    catchups=recent,
+                    caught_up=True,
+                    seen=True,
+                    lags=(),
+                    last_completed=completed.get(i, st.last_completed),
                 )
             return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1, drain=())
         assert step.tick_at is not None
@@ -472,6 +519,13 @@ class GridPolicy:
                     # Its first frame came after the previous tick, and the hinted next one
                     # before this tick: two frames for one tick, although neither is a tick late.
                     debt = max(debt, 1)
+                if (left and not behind and s.padded[1:2] == (True,)) or (
+                    behind == 1 and s.padded[:1] == (True,)
+                ):
+                    # The double of a re-alignment: the frame queued behind this one holds the
+                    # pad, or held it and missed the tick before (stepped early without it). The
+                    # server moved the session's phase, so it pays the extra frame back.
+                    debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
                 lags = (*st.lags, tick_at - s.frames[0])
@@ -484,6 +538,7 @@ class GridPolicy:
                     stable=stable,
                     seen=True,
                     lags=lags[-self.drain_window_ticks :],
+                    last_completed=s.frames[0],
                 )
                 # A drain needs a frame to drop: one queued behind this one, complete by now.
                 queued = len(s.frames) > 1 and s.frames[1] <= tick_at + EPS

@@ -52,6 +52,7 @@ class QueuedFrame:
     frame_index: int
     samples: npt.NDArray[np.float32]
     submitted_at: float
+    padded: bool = False  # holds alignment pad samples (it completes early by design)
 
 
 @attrs.define(slots=True, eq=False)

@@ -75,7 +75,7 @@ class SessionLogHandle(Protocol):
 class SchedulerHandle(Protocol):
     """The scheduler as a session sees it (``duplex_actors.scheduler.actor.Scheduler``)."""
 
-    def submit_nowait(self, slot: int, frame_index: int, samples: Any) -> None: ...
+    def submit_nowait(self, slot: int, frame_index: int, samples: Any, padded: bool = False) -> None: ...
     def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
     async def release(self, slot: int) -> None: ...
     def grid(self) -> Grid | None:
@@ -368,7 +368,7 @@ class SessionActor:
                 if counters is not None:
                     counters.frames_in += 1
                 if not self._stop_submitting:
-                    self.scheduler.submit_nowait(self.slot, effect.frame_index, effect.samples)
+                    self.scheduler.submit_nowait(self.slot, effect.frame_index, effect.samples, effect.padded)
             elif isinstance(effect, ResetSlot):
                 self.scheduler.request_reset(self.slot, effect.epoch, effect.prompt)
             elif isinstance(effect, ReleaseSlot):

@@ -170,6 +170,9 @@ class Emit:
 class SubmitFrame:
     frame_index: int
     samples: npt.NDArray[np.float32]
+    # The frame holds alignment pad samples: it completes early by design, and with the frame
+    # before it may make two frames for one tick (the scheduler owes that double a catch-up).
+    padded: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -244,6 +247,7 @@ class SessionCore:
         # so a tiny append copies its samples in rather than re-concatenating the tail).
         self._frame: npt.NDArray[np.float32] = np.zeros(FRAME_SAMPLES, dtype=np.float32)
         self._fill = 0
+        self._fill_padded = False  # the partial frame holds pad samples
         # Input at the client's format and rate -> 24 kHz; its state is rebuilt on replay by the
         # same appends in the same order.
         self._input = InputStream()
@@ -318,6 +322,7 @@ class SessionCore:
                 self._append(record, out)
             case r.ClearInput():
                 self._fill = 0
+                self._fill_padded = False
                 self._tail_marks = []
                 self._input.reset()
                 self._emit(out, ev.InputCleared(record.client_event_id))
@@ -571,11 +576,13 @@ class SessionCore:
             return
         self.pad_samples += record.samples
         position = self.client_samples
-        self._feed(np.zeros(record.samples, dtype=np.float32), position, position, out)
+        self._feed(np.zeros(record.samples, dtype=np.float32), position, position, out, pad=True)
 
-    def _feed(self, samples: npt.NDArray[np.float32], start: int, end: int, out: list[Effect]) -> None:
-        """24 kHz samples (client positions ``start``..``end``) into the partial frame; each frame
-        they complete is submitted (a copy: the buffer is reused)."""
+    def _feed(
+        self, samples: npt.NDArray[np.float32], start: int, end: int, out: list[Effect], *, pad: bool = False
+    ) -> None:
+        """24 kHz samples (client positions ``start``..``end``; ``pad``: alignment zeros) into
+        the partial frame; each frame they complete is submitted (a copy: the buffer is reused)."""
         n = len(samples)
         if n:
             self._tail_marks.append((n, start, end))
@@ -587,6 +594,7 @@ class SessionCore:
             k = min(FRAME_SAMPLES - fill, n - at)
             frame[fill : fill + k] = samples[at : at + k]
             at += k
+            self._fill_padded = self._fill_padded or pad
             if fill + k < FRAME_SAMPLES:
                 self._fill = fill + k
                 return
@@ -602,7 +610,8 @@ class SessionCore:
         if not self._speech_started and float(np.sqrt(np.mean(frame * frame))) > SPEECH_RMS:
             self._speech_started = True
             self._emit(out, ev.SpeechStarted(self.epoch, index, self._id("item_in", self.epoch)))
-        out.append(SubmitFrame(index, frame))
+        out.append(SubmitFrame(index, frame, padded=self._fill_padded))
+        self._fill_padded = False
 
     def _position_at(self, offset: int) -> int:
         """The client position at ``offset`` samples into the buffered input (tail first); in a
