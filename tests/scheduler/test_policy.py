@@ -515,3 +515,22 @@ def test_grid_a_tick_most_of_whose_steady_slots_are_late_is_held_for_them() -> N
     new = SlotState(streak=3, seen=True, last_completed=75 * MS)
     v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, new, new), steps_ms=(30,) * 8)
     assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))
+
+
+def test_grid_a_padded_frame_of_a_slot_already_behind_is_owed_nothing() -> None:
+    # A client ahead of real time that pads its own appends stays served one frame per tick.
+    policy = GridPolicy()
+    behind = SlotState(streak=11, seen=True, backlog=1, last_completed=150 * MS)
+    state = grid_state(0, 3, behind, SlotState(streak=11, seen=True))
+    v = view(padded_slot(0, (155,), (True,)), slot(1), steps_ms=(20,) * 8, state=state)
+    assert_decision(policy.decide(161 * MS, v), WaitUntil(240 * MS))
+    v = view(padded_slot(0, (155, 200), (True, True)), slot(1, 236), steps_ms=(20,) * 8, state=state)
+    step = policy.decide(240 * MS, v)
+    assert isinstance(step, StepNow)
+    assert policy.after_step(state, v, step, 240 * MS).slots[0].debt == 0
+
+
+def test_policy_state_fresh_forgets_one_slot() -> None:
+    state = grid_state(0, 3, OWED, STEADY)
+    assert state.fresh(0).slots == (SlotState(), STEADY)
+    assert state.fresh(5) == state

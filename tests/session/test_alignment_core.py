@@ -57,12 +57,17 @@ def test_a_pad_inserts_zeros_after_the_partial_tail():
 
 def test_the_frames_that_hold_a_pad_are_marked_padded():
     # The scheduler owes the double a re-alignment makes a catch-up: it needs to know which
-    # frame holds the pad (and only that one: the frames after it are the client's own).
+    # frame holds a pad the server asked for (and only that one: the frames after it are the
+    # client's own).
     core = new_core()
     assert [f.padded for f in frames(core.apply(r.Append(pcm16(FRAME_SAMPLES), "pcm16")))] == [False]
+    core.apply(r.AlignHint(50, "margin"))
     assert frames(core.apply(r.Pad(1200, "client"))) == []
     assert [f.padded for f in frames(core.apply(r.Append(pcm16(720), "pcm16")))] == [True]
     assert [f.padded for f in frames(core.apply(r.Append(pcm16(FRAME_SAMPLES), "pcm16")))] == [False]
+    # A client's pad that answers no hint is inserted, but is not the server's to pay back.
+    core.apply(r.Pad(1200, "client"))
+    assert [f.padded for f in frames(core.apply(r.Append(pcm16(720), "pcm16")))] == [False]
     # A pad that fills one frame and spills into the next marks both; a clear forgets it.
     core.apply(r.Append(pcm16(1000), "pcm16"))
     assert [f.padded for f in frames(core.apply(r.Pad(1000, "drift")))] == [True]

@@ -141,6 +141,9 @@ class Scheduler:
         slot = self.table.acquire(occupant)
         if slot is None:
             raise ResourceExhausted(f"all {self.engine.slots} sessions are in use; try again later")
+        # The slot may be freed and taken again between two steps: the policy's memory of the
+        # last occupant (its cadence, debts, catch-ups) is not the new one's.
+        self._policy_state = self._policy_state.fresh(slot.index)
         return slot.index
 
     def submit_nowait(

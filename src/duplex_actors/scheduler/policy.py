@@ -140,6 +140,12 @@ class PolicyState:
     def slot(self, index: int) -> SlotState:
         return self.slots[index] if index < len(self.slots) else FRESH_SLOT
 
+    def fresh(self, index: int) -> PolicyState:
+        """This state with slot ``index`` forgotten (a new occupant inherits nothing)."""
+        if index >= len(self.slots):
+            return self
+        return attrs.evolve(self, slots=(*self.slots[:index], FRESH_SLOT, *self.slots[index + 1 :]))
+
 
 @attrs.frozen(slots=True)
 class SchedulerView:
@@ -443,7 +449,8 @@ class GridPolicy:
                 st = state.slot(s.index)
                 # A padded frame that completed before this tick's interval opened is the
                 # double of a re-alignment whose tick was stepped early, without it: owed now.
-                doubled = bool(s.padded) and s.padded[0] and s.frames[0] < due - self.tick - EPS
+                # (A slot already behind is not: a client can pad its own appends.)
+                doubled = s.padded[:1] == (True,) and st.backlog == 0 and s.frames[0] < due - self.tick - EPS
                 if st.debt > 0 or not st.seen or doubled:
                     free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
@@ -519,8 +526,10 @@ class GridPolicy:
                     # Its first frame came after the previous tick, and the hinted next one
                     # before this tick: two frames for one tick, although neither is a tick late.
                     debt = max(debt, 1)
-                if (left and not behind and s.padded[1:2] == (True,)) or (
-                    behind == 1 and s.padded[:1] == (True,)
+                current = not st.backlog  # at its last tick: a client ahead of real time is not
+                if current and (
+                    (left and not behind and s.padded[1:2] == (True,))
+                    or (behind == 1 and s.padded[:1] == (True,))
                 ):
                     # The double of a re-alignment: the frame queued behind this one holds the
                     # pad, or held it and missed the tick before (stepped early without it). The

@@ -170,8 +170,9 @@ class Emit:
 class SubmitFrame:
     frame_index: int
     samples: npt.NDArray[np.float32]
-    # The frame holds alignment pad samples: it completes early by design, and with the frame
-    # before it may make two frames for one tick (the scheduler owes that double a catch-up).
+    # The frame holds alignment pad samples the server asked for (a server pad, or a client's
+    # answering a hint): it completes early by design, and with the frame before it may make
+    # two frames for one tick (the scheduler owes that double a catch-up).
     padded: bool = False
 
 
@@ -247,7 +248,8 @@ class SessionCore:
         # so a tiny append copies its samples in rather than re-concatenating the tail).
         self._frame: npt.NDArray[np.float32] = np.zeros(FRAME_SAMPLES, dtype=np.float32)
         self._fill = 0
-        self._fill_padded = False  # the partial frame holds pad samples
+        self._fill_padded = False  # the partial frame holds pad samples the server asked for
+        self._hint_owed = False  # a hint went out that no client pad has answered yet
         # Input at the client's format and rate -> 24 kHz; its state is rebuilt on replay by the
         # same appends in the same order.
         self._input = InputStream()
@@ -355,6 +357,7 @@ class SessionCore:
                         None,
                     )
                 else:
+                    self._hint_owed = True
                     self._emit(out, ev.AlignmentHint(record.pad_ms, record.reason))
             case r.Drain():
                 self._drain(record, out)
@@ -576,7 +579,12 @@ class SessionCore:
             return
         self.pad_samples += record.samples
         position = self.client_samples
-        self._feed(np.zeros(record.samples, dtype=np.float32), position, position, out, pad=True)
+        # A client's pad counts as the server's only when it answers a hint: a client may pad
+        # its own appends (bounded), but not earn the catch-up a re-alignment's double is owed.
+        asked = record.reason != "client" or self._hint_owed
+        if record.reason == "client":
+            self._hint_owed = False
+        self._feed(np.zeros(record.samples, dtype=np.float32), position, position, out, pad=asked)
 
     def _feed(
         self, samples: npt.NDArray[np.float32], start: int, end: int, out: list[Effect], *, pad: bool = False
