@@ -488,8 +488,8 @@ def test_grid_a_padded_frame_that_missed_its_early_tick_is_caught_up_at_once() -
     assert policy.after_step(state, v, step, 240 * MS).slots[0].debt == 1
 
 
-def test_grid_a_tick_most_of_whose_steady_slots_are_late_is_held_for_them() -> None:
-    # Three steady slots whose frames complete ~5 ms before the ticks; at tick 160 only slot 0's
+def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() -> None:
+    # Three slots whose frames complete ~5 ms before the ticks; at tick 160 only slot 0's
     # came (a stall held the other two): the tick waits for them, at most the late grace and
     # never past the last start that ends before the next tick (240 - 30 - 2 = 208).
     policy = GridPolicy()
@@ -506,15 +506,23 @@ def test_grid_a_tick_most_of_whose_steady_slots_are_late_is_held_for_them() -> N
     v = view(slot(0, 155), slot(1), slot(2), steps_ms=(30,) * 8, state=state)
     assert_decision(policy.decide(200 * MS, v), StepNow((0,), "tick", 160 * MS))
     # One of three late is left to the catch-ups; so is a slot whose next frame is not due by
-    # this tick (it was caught up ahead, or completes just after the ticks), and slots not steady.
+    # this tick (it was caught up ahead, or completes just after the ticks).
     v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(30,) * 8, state=state)
     assert_decision(policy.decide(160 * MS, v), StepNow((0, 1), "tick", 160 * MS))
     ahead = SlotState(streak=10, seen=True, last_completed=155 * MS)
     v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, ahead, ahead), steps_ms=(30,) * 8)
     assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))
-    new = SlotState(streak=3, seen=True, last_completed=75 * MS)
-    v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, new, new), steps_ms=(30,) * 8)
+    # Slots that missed their last tick (a pause) are not waited for, nor are slots whose frames
+    # come 100 ms apart (their next one completes at 175); slots that just started are.
+    paused = SlotState(streak=0, seen=True, last_completed=75 * MS)
+    v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, paused, paused), steps_ms=(30,) * 8)
     assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))
+    slower = SlotState(streak=3, seen=True, last_completed=75 * MS, interval=100 * MS)
+    v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, slower, slower), steps_ms=(30,) * 8)
+    assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))
+    new = SlotState(streak=1, seen=True, last_completed=75 * MS, interval=20 * MS)
+    v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, new, new), steps_ms=(30,) * 8)
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(200 * MS))
 
 
 def test_grid_a_padded_frame_of_a_slot_already_behind_is_owed_nothing() -> None:

@@ -25,8 +25,8 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   further behind never earns one: a client sending faster than real time is served one frame
   per tick. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
   a little late (a stall of the loop or the network) are stepped late as that tick's, not owed
-  as debts; so is a tick most of whose steady slots have no frame yet, while its step still
-  ends before the next tick (``_hold_until``). A slot the catch-ups
+  as debts; so is a tick most of whose slots on cadence have no frame yet, while its step
+  still ends before the next tick (``_hold_until``). A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
   drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
@@ -111,8 +111,19 @@ class SlotState:
     # catch-up or a drain, and when the slot's recent drains were decided.
     lags: tuple[float, ...] = ()
     drains: tuple[float, ...] = ()
-    # When the slot's last stepped frame completed (its next is due a tick later).
+    # When the slot's last stepped frame completed, and how long after the one before it (its
+    # next is due that interval later, or a tick when shorter: an alignment pad's frame).
     last_completed: float | None = None
+    interval: float | None = None
+
+    def stepped_frame(self, completed: float | None) -> SlotState:
+        """This state having stepped a frame that completed at ``completed`` (None: unknown)."""
+        if completed is None:
+            return self
+        last = self.last_completed
+        return attrs.evolve(
+            self, last_completed=completed, interval=None if last is None else completed - last
+        )
 
 
 FRESH_SLOT: Final = SlotState()
@@ -398,22 +409,25 @@ class GridPolicy:
     def _hold_until(self, state: PolicyState, view: SchedulerView, due: float, now: float) -> float | None:
         """Until when the tick ``due`` waits for its frames (None: step it now).
 
-        A tick most of whose steady slots have no frame yet is held for them, within the late
-        grace and while its step still ends before the next tick: their frames are late together
-        (a stall of the loop, the host or the path), and stepping the few that came alone would
-        leave the rest a catch-up (a full step) to wait for, or a tick more. A steady slot that
-        misses the tick is steady no more, so a pause holds at most one tick.
+        A tick most of whose slots on cadence (stepped at their last regular tick) have no frame
+        yet, though by their cadence it was due, is held for them, within the late grace and
+        while its step still ends before the next tick: their frames are late together (a stall
+        of the loop, the host or the path; sessions starting together congest the loop), and
+        stepping the few that came alone would leave the rest a catch-up (a full step) to wait
+        for, or a tick more. A slot that misses the tick is off cadence until its next tick, so a
+        pause holds at most one tick; a client whose frames are 100 ms apart is not expected
+        at the ticks it skips.
         """
-        steady = missing = 0
+        on_cadence = missing = 0
         for s in view.slots:
             st = state.slot(s.index)
-            if s.steppable and st.streak >= self.steady_ticks:
-                steady += 1
+            if s.steppable and st.streak >= 1 and st.last_completed is not None:
+                on_cadence += 1
                 # Missing: its next frame was due to complete by this tick (one caught up ahead
                 # of it, or whose phase is just after the ticks, is not).
-                due_by = st.last_completed is not None and st.last_completed + self.tick <= due + EPS
-                missing += not s.frames and due_by
-        if steady < 2 or 2 * missing <= steady:
+                cadence = max(self.tick, st.interval or 0.0)
+                missing += not s.frames and st.last_completed + cadence <= due + EPS
+        if on_cadence < 2 or 2 * missing <= on_cadence:
             return None
         until = due + self.late_tick_grace_ms / 1000
         estimate = self._estimate(view)
@@ -485,13 +499,12 @@ class GridPolicy:
                 st = slots[i]
                 recent = (*(t for t in st.catchups if t > started - 1.0), started)
                 slots[i] = attrs.evolve(
-                    st,
+                    st.stepped_frame(completed.get(i)),
                     debt=max(0, st.debt - 1),
                     catchups=recent,
                     caught_up=True,
                     seen=True,
                     lags=(),
-                    last_completed=completed.get(i, st.last_completed),
                 )
             return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1, drain=())
         assert step.tick_at is not None
@@ -539,7 +552,7 @@ class GridPolicy:
                     debt, stable = max(debt, 1), 0
                 lags = (*st.lags, tick_at - s.frames[0])
                 st = attrs.evolve(
-                    st,
+                    st.stepped_frame(s.frames[0]),
                     streak=st.streak + 1,
                     debt=debt,
                     caught_up=False,
@@ -547,7 +560,6 @@ class GridPolicy:
                     stable=stable,
                     seen=True,
                     lags=lags[-self.drain_window_ticks :],
-                    last_completed=s.frames[0],
                 )
                 # A drain needs a frame to drop: one queued behind this one, complete by now.
                 queued = len(s.frames) > 1 and s.frames[1] <= tick_at + EPS
