@@ -137,7 +137,7 @@ class Session {
       return;
     }
     if (this.finished) return;
-    this.mic.onFrame = (pcm, rms) => this.onMicFrame(pcm, rms);
+    this.mic.onFrame = (pcm, rms, padMs) => this.onMicFrame(pcm, rms, padMs);
     setState("connecting", "opening the session");
     try {
       this.ws = new WebSocket(realtimeUrl(), subprotocols(this.config.apiKey));
