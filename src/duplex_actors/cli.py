@@ -31,9 +31,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"duplex-actors: {exc}", file=sys.stderr)
         return 2
     from .config import TICK_POLICIES
-    from .scheduler.policy import DEFAULT_POLICY
 
-    tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or DEFAULT_POLICY
+    tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or "window"
     if tick_policy not in TICK_POLICIES:
         print(
             f"duplex-actors: DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}",
@@ -286,10 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--tick-policy",
         choices=["grid", "deadline", "window"],
         default=None,
-        help="when the scheduler steps (docs/operations.md): 'grid' (default: one step per 80 ms "
-        "tick on a fixed grid, sessions aligned to it), 'window' (step when every session has a "
-        "frame, else 20 ms after the first), 'deadline' (the window stretched to 80 ms minus the "
-        "p90 step); env DUPLEX_TICK_POLICY",
+        help="when the scheduler steps (docs/operations.md): 'window' (default: step when every "
+        "session has a frame, else 20 ms after the first), 'deadline' (the window stretched to "
+        "80 ms minus the p90 step), 'grid' (one step per 80 ms tick on a fixed grid); "
+        "env DUPLEX_TICK_POLICY",
     )
     serve.add_argument(
         "--max-align-pad-ms",

@@ -8,8 +8,6 @@ from typing import TypeVar
 
 import attrs
 
-from .scheduler.policy import DEFAULT_POLICY
-
 T = TypeVar("T")
 
 
@@ -67,9 +65,9 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
-    # When the scheduler steps (notes/tick-policy.md, docs/operations.md): the grid, with the
-    # sessions aligned to it (unaligned 80 ms clients wait 40 ms on average there).
-    tick_policy: str = DEFAULT_POLICY
+    # When the scheduler steps (notes/tick-policy.md, docs/operations.md). "window" until
+    # per-session alignment lands: the grid makes unaligned 80 ms clients wait 40 ms on average.
+    tick_policy: str = "window"
     # /api/chat: the stock UIs' sampling query parameters set the session's sampling (else greedy)
     client_sampling: bool = False
     # transport (docs/operations.md): request-body deadline, HTTP keep-alive idle time, and the

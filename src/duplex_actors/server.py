@@ -43,7 +43,7 @@ from .model.errors import InvalidRuntimeConfig
 from .opus.pool import OpusPool, open_opus_pool
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
-from .scheduler.policy import DEFAULT_POLICY, make_policy
+from .scheduler.policy import make_policy
 from .session import events as ev
 from .session.actor import SessionActor
 from .session.core import PromptPolicy, SessionCore, SessionLimits
@@ -546,7 +546,7 @@ async def open_duplex_server(
     log_dir: str | Path = "sessions",
     virtual_time: bool = False,
     max_batch_wait_ms: float = 20.0,
-    tick_policy: str = DEFAULT_POLICY,
+    tick_policy: str = "window",
     limits: SessionLimits | None = None,
     outbox_size: int = 4096,
     fsync: bool = True,
