@@ -26,7 +26,7 @@ from .test_disconnects import run_load
 
 RATE_LIMIT_AFTER_S = 3.0
 ATTACK_S = 6.0
-CONFIG_ROUNDS = 3
+ROUNDS = 3
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -75,6 +75,7 @@ async def under_attack(server, tmp_path: Path, mode: str) -> tuple[dict, dict, d
     before_bytes = log_bytes(server)
     t0 = trio.current_time()
     s0, n0 = await step_stats(server)
+    frames0 = metric_sum(await ametrics(server), "duplex_frames_in_total")
     seen: dict = {}
     loaded: dict = {}
 
@@ -86,11 +87,14 @@ async def under_attack(server, tmp_path: Path, mode: str) -> tuple[dict, dict, d
         nursery.start_soon(attack, server, mode, ATTACK_S, seen)
         nursery.start_soon(reference)
     s1, n1 = await step_stats(server)
+    frames = metric_sum(await ametrics(server), "duplex_frames_in_total") - frames0
     # Per second of the window the bytes were written in (the attack and the reference load,
     # each with its process's start-up: ~1.5 s more than ATTACK_S).
     elapsed = trio.current_time() - t0
     figures = {
         "log_bytes_per_s": (log_bytes(server) - before_bytes) / elapsed,
+        "log_bytes_per_frame_in": (log_bytes(server) - before_bytes) / max(frames, 1),
+        "frames_in": frames,
         "window_s": elapsed,
         "step_mean_ms": 1000 * (s1 - s0) / max(n1 - n0, 1),
     }
@@ -100,47 +104,60 @@ async def under_attack(server, tmp_path: Path, mode: str) -> tuple[dict, dict, d
 async def test_floods_are_pushed_back_log_little_and_leave_others_their_time(
     hostile_server, tmp_path, record
 ):
+    """Items 1 and 2: full frames as fast as TCP takes them, and a storm of one-sample appends.
+    As in the config test, the < 2x bound is on the median of ROUNDS paired rounds (a baseline,
+    then each attack), every round recorded."""
     await wait_slots_free(hostile_server)
     await run_load(hostile_server, tmp_path / "warmup", 2, 2)
-    await wait_slots_free(hostile_server)
-    s0, n0 = await step_stats(hostile_server)
-    base = await run_load(hostile_server, tmp_path / "baseline", 2, ATTACK_S - 1)
-    s1, n1 = await step_stats(hostile_server)
-    base_step_ms = 1000 * (s1 - s0) / max(n1 - n0, 1)
+    ratios: dict[str, list[float]] = {"flood": [], "tiny": []}
     results = []
-    for mode in ("flood", "tiny"):
-        loaded, seen, figures = await under_attack(hostile_server, tmp_path, mode)
-        results.append((mode, loaded, seen, figures))
-        ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
-        record(
-            mode=mode,
-            baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
-            attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
-            p99_ratio=round(ratio, 3),
-            baseline_step_mean_ms=round(base_step_ms, 2),
-            attack_step_mean_ms=round(figures["step_mean_ms"], 2),
-            log_bytes_per_s=round(figures["log_bytes_per_s"]),
-            log_window_s=round(figures["window_s"], 2),
-            attacker_sent_per_s=seen["sent_per_s"],
-            attacker_errors=seen["errors"],
-            attacker_closes=seen["closes"],
-            attacker_connections=seen["connections"],
-            reference_lost=loaded["lost_frames"],
-        )
+    for round_ in range(ROUNDS):
+        await wait_slots_free(hostile_server)
+        s0, n0 = await step_stats(hostile_server)
+        base = await run_load(hostile_server, tmp_path / f"baseline{round_}", 2, ATTACK_S - 1)
+        s1, n1 = await step_stats(hostile_server)
+        base_step_ms = 1000 * (s1 - s0) / max(n1 - n0, 1)
+        for mode in ("flood", "tiny"):
+            loaded, seen, figures = await under_attack(hostile_server, tmp_path / f"round{round_}", mode)
+            results.append((mode, loaded, seen, figures))
+            ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
+            ratios[mode].append(ratio)
+            record(
+                mode=mode,
+                round=round_,
+                baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
+                attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
+                p99_ratio=round(ratio, 3),
+                baseline_step_mean_ms=round(base_step_ms, 2),
+                attack_step_mean_ms=round(figures["step_mean_ms"], 2),
+                log_bytes_per_s=round(figures["log_bytes_per_s"]),
+                log_bytes_per_frame_in=round(figures["log_bytes_per_frame_in"]),
+                log_window_s=round(figures["window_s"], 2),
+                attacker_sent_per_s=seen["sent_per_s"],
+                attacker_errors=seen["errors"],
+                attacker_closes=seen["closes"],
+                attacker_connections=seen["connections"],
+                reference_lost=loaded["lost_frames"],
+            )
     for mode, loaded, seen, figures in results:  # every figure is recorded before any assert
-        ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
         # Held back, then closed once that lasted past --rate-limit-after (it reconnected).
         assert seen["errors"].get("rate_limited", 0) >= 1 and seen["closes"].get("1008", 0) >= 1, seen
         assert "input_backpressure" not in seen["errors"]  # not refused append by append
-        # The log grows with what the model consumes (a frame a tick per session), not with what
-        # was sent: ~100 KB/s for one session's input and output; allow 5 sessions' worth.
-        assert figures["log_bytes_per_s"] < 500_000, figures
-        assert loaded["lost_frames"] == 0
         if mode == "flood":
-            assert ratio < 2.0, (mode, base["round_trip_ms"], loaded["round_trip_ms"], figures)
-        # The storm's ratio is recorded, not asserted: issue 13 item 2's target (< 2x) is met in
-        # most runs but not all on a quiet 2-core machine (0.81-2.03x in the last runs, the
-        # reference's p50 +13 ms under the storm). RELIABILITY.md, bug entry 6.
+            # The log grows with the input the sessions took in, not with what was sent: an
+            # 80 ms frame in logs its 3840 bytes of pcm16 and its step record (~4 KB of output
+            # audio and codes); refused audio logged whole grew it without bound (56 MB for 10
+            # frames). Not per second: under the window policy a flooder's accepted backlog is
+            # stepped faster than real time, more so on a faster host (372-620 KB/s measured).
+            assert figures["log_bytes_per_frame_in"] < 12_000, figures
+        else:
+            # One-sample appends make a record each: they are held to the message budget, so
+            # the bound is per second (162-166 KB/s measured, with the reference load's).
+            assert figures["log_bytes_per_s"] < 500_000, figures
+        assert loaded["lost_frames"] == 0
+    # Decision 11 / issue 13 item 2: under either flood the reference keeps its time.
+    for mode, values in ratios.items():
+        assert sorted(values)[len(values) // 2] < 2.0, (mode, values)
 
 
 async def test_config_attacks_are_refused_and_leave_others_their_time(hostile_server, tmp_path, record):
@@ -150,11 +167,11 @@ async def test_config_attacks_are_refused_and_leave_others_their_time(hostile_se
 
     The reference's p99 over 5 s is its second-worst of ~125 frames, so one stall of the shared
     host in either window moves a single ratio past 2x (a fresh-clone CI run: 2.02x, with every
-    step twice as slow as on a quiet host). The bound is on the median of CONFIG_ROUNDS paired
+    step twice as slow as on a quiet host). The bound is on the median of ROUNDS paired
     rounds (baseline, then attack), each recorded: an attack that costs the reference its time
     fails every round, a stall fails one."""
     ratios = []
-    for round_ in range(CONFIG_ROUNDS):
+    for round_ in range(ROUNDS):
         await wait_slots_free(hostile_server)
         base = await run_load(hostile_server, tmp_path / f"baseline{round_}", 2, ATTACK_S - 1)
         loaded, seen, figures = await under_attack(hostile_server, tmp_path / f"round{round_}", "config")
