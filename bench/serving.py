@@ -719,7 +719,9 @@ def arm_checks(arms: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool | N
         )
     if ref is not None:
         out.append(
-            ("window-sync: N within 1 of 24 (no regression for aligned starts)", str(ref), abs(ref - 24) <= 1)
+            # One-sided: 24 is what the first run measured on this box; a faster host spell holds
+            # more (28-32 on 2026-12-02), which is no regression.
+            ("window-sync: N >= 23 (no regression for aligned starts: 24, less 1)", str(ref), ref >= 23)
         )
     return out
 
