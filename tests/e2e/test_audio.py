@@ -216,8 +216,13 @@ async def test_accepted_formats_and_aliases(parrot_server):
 
 async def test_input_backpressure_refuses_an_append_over_the_limit(parrot_server):
     """Default limit: 16 MiB of float32 = 4 Mi samples (~175 s). There is no server flag to
-    lower it, so: one append of 180 s is refused whole and the session goes on; then 100 s
-    + 100 s sent back to back: the second goes over the limit (received but not yet stepped)."""
+    lower it, so: one append of 180 s is refused whole and the session goes on; then 170 s
+    + 100 s sent back to back: the second goes over the limit (received but not yet stepped).
+
+    The second is refused only while more than 75 s of the first wait for their steps when it
+    is read: the parrot steps a lone session greedily, so with 100 s + 100 s (a margin of 25 s,
+    312 frames) it sometimes had stepped past that first, and "b" waited for room under the soft
+    budget instead (a CI run and 3 of 6 runs alone timed out waiting for its error)."""
     big = pcm16(tone_and_noise(180.0, seed=5, level=0.1))
     async with connect(parrot_server.ws + "/v1/realtime") as c:
         await c.wait_for("session.updated")
@@ -228,10 +233,11 @@ async def test_input_backpressure_refuses_an_append_over_the_limit(parrot_server
         await assert_still_usable(c)
         await trio.sleep(0.3)
         assert c.output_frames() == 1  # nothing of the refused append was stepped
-    hundred = b64(pcm16(tone_and_noise(100.0, seed=6, level=0.1)))
+    first = b64(pcm16(tone_and_noise(170.0, seed=6, level=0.1)))
+    hundred = b64(pcm16(tone_and_noise(100.0, seed=7, level=0.1)))
     async with connect(parrot_server.ws + "/v1/realtime") as c:
         await c.wait_for("session.updated")
-        await c.send_raw('{"type":"input_audio_buffer.append","event_id":"a","audio":"' + hundred + '"}')
+        await c.send_raw('{"type":"input_audio_buffer.append","event_id":"a","audio":"' + first + '"}')
         await c.send_raw('{"type":"input_audio_buffer.append","event_id":"b","audio":"' + hundred + '"}')
         err = await c.wait_for("error", timeout=30)
         assert error_code(err) == "input_backpressure" and client_event_id(err) == "b"
