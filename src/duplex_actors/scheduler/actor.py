@@ -266,17 +266,20 @@ class Scheduler:
     def _view(self) -> SchedulerView:
         # The policies read a slot's two oldest completion times (the queue is in completion
         # order): a client far ahead of real time must not cost a long tuple per wake-up.
-        return SchedulerView(
-            slots=tuple(
+        views = []
+        for e in self.table.slots:
+            head = [e.frames[i] for i in range(min(2, len(e.frames)))]
+            views.append(
                 SlotView(
                     e.index,
                     active=e.active,
                     reset_pending=e.pending_reset is not None,
-                    frames=tuple(e.frames[i].submitted_at for i in range(min(2, len(e.frames)))),
-                    padded=tuple(e.frames[i].padded for i in range(min(2, len(e.frames)))),
+                    frames=tuple(f.submitted_at for f in head),
+                    padded=tuple(f.padded for f in head),
                 )
-                for e in self.table.slots
-            ),
+            )
+        return SchedulerView(
+            slots=tuple(views),
             recent_steps=tuple(self._recent_steps),
             state=self._policy_state,
         )

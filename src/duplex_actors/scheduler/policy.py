@@ -116,10 +116,8 @@ class SlotState:
     last_completed: float | None = None
     interval: float | None = None
 
-    def stepped_frame(self, completed: float | None) -> SlotState:
-        """This state having stepped a frame that completed at ``completed`` (None: unknown)."""
-        if completed is None:
-            return self
+    def stepped_frame(self, completed: float) -> SlotState:
+        """This state having stepped a frame that completed at ``completed``."""
         last = self.last_completed
         return attrs.evolve(
             self, last_completed=completed, interval=None if last is None else completed - last
@@ -494,12 +492,13 @@ class GridPolicy:
                 if started > self._latest_start(self.tick_time(state, state.next_tick), estimate) + EPS:
                     state = attrs.evolve(state, last_overrun=started, overruns=state.overruns + 1)
             slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
-            completed = {s.index: s.frames[0] for s in view.slots if s.index in stepped and s.frames}
+            # A step only takes slots with a frame waiting (the view's oldest is the one stepped).
+            completed = {s.index: s.frames[0] for s in view.slots if s.index in stepped}
             for i in stepped:
                 st = slots[i]
                 recent = (*(t for t in st.catchups if t > started - 1.0), started)
                 slots[i] = attrs.evolve(
-                    st.stepped_frame(completed.get(i)),
+                    st.stepped_frame(completed[i]),
                     debt=max(0, st.debt - 1),
                     catchups=recent,
                     caught_up=True,
