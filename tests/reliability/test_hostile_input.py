@@ -101,6 +101,29 @@ async def under_attack(server, tmp_path: Path, mode: str) -> tuple[dict, dict, d
     return loaded, seen, figures
 
 
+def record_round(
+    record, mode: str, round_: int, base: dict, loaded: dict, seen: dict, figures: dict, **extra
+) -> float:
+    """Record one paired round (a baseline, then the attack ``mode``); returns its p99 ratio."""
+    ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
+    record(
+        mode=mode,
+        round=round_,
+        baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
+        attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
+        p99_ratio=round(ratio, 3),
+        attack_step_mean_ms=round(figures["step_mean_ms"], 2),
+        log_bytes_per_s=round(figures["log_bytes_per_s"]),
+        log_window_s=round(figures["window_s"], 2),
+        attacker_errors=seen["errors"],
+        attacker_closes=seen["closes"],
+        attacker_connections=seen["connections"],
+        reference_lost=loaded["lost_frames"],
+        **extra,
+    )
+    return ratio
+
+
 async def test_floods_are_pushed_back_log_little_and_leave_others_their_time(
     hostile_server, tmp_path, record
 ):
@@ -120,25 +143,14 @@ async def test_floods_are_pushed_back_log_little_and_leave_others_their_time(
         for mode in ("flood", "tiny"):
             loaded, seen, figures = await under_attack(hostile_server, tmp_path / f"round{round_}", mode)
             results.append((mode, loaded, seen, figures))
-            ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
-            ratios[mode].append(ratio)
-            record(
-                mode=mode,
-                round=round_,
-                baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
-                attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
-                p99_ratio=round(ratio, 3),
-                baseline_step_mean_ms=round(base_step_ms, 2),
-                attack_step_mean_ms=round(figures["step_mean_ms"], 2),
-                log_bytes_per_s=round(figures["log_bytes_per_s"]),
-                log_bytes_per_frame_in=round(figures["log_bytes_per_frame_in"]),
-                log_window_s=round(figures["window_s"], 2),
-                attacker_sent_per_s=seen["sent_per_s"],
-                attacker_errors=seen["errors"],
-                attacker_closes=seen["closes"],
-                attacker_connections=seen["connections"],
-                reference_lost=loaded["lost_frames"],
-            )
+            ratios[mode].append(
+                record_round(
+                    record, mode, round_, base, loaded, seen, figures,
+                    baseline_step_mean_ms=round(base_step_ms, 2),
+                    log_bytes_per_frame_in=round(figures["log_bytes_per_frame_in"]),
+                    attacker_sent_per_s=seen["sent_per_s"],
+                )
+            )  # fmt: skip
     for mode, loaded, seen, figures in results:  # every figure is recorded before any assert
         # Held back, then closed once that lasted past --rate-limit-after (it reconnected).
         assert seen["errors"].get("rate_limited", 0) >= 1 and seen["closes"].get("1008", 0) >= 1, seen
@@ -175,22 +187,7 @@ async def test_config_attacks_are_refused_and_leave_others_their_time(hostile_se
         await wait_slots_free(hostile_server)
         base = await run_load(hostile_server, tmp_path / f"baseline{round_}", 2, ATTACK_S - 1)
         loaded, seen, figures = await under_attack(hostile_server, tmp_path / f"round{round_}", "config")
-        ratio = loaded["round_trip_ms"]["p99"] / base["round_trip_ms"]["p99"]
-        ratios.append(ratio)
-        record(
-            mode="config",
-            round=round_,
-            baseline_rtt_p99_ms=base["round_trip_ms"]["p99"],
-            attack_rtt_p99_ms=loaded["round_trip_ms"]["p99"],
-            p99_ratio=round(ratio, 3),
-            attack_step_mean_ms=round(figures["step_mean_ms"], 2),
-            log_bytes_per_s=round(figures["log_bytes_per_s"]),
-            log_window_s=round(figures["window_s"], 2),
-            attacker_errors=seen["errors"],
-            attacker_closes=seen["closes"],
-            attacker_connections=seen["connections"],
-            reference_lost=loaded["lost_frames"],
-        )
+        ratios.append(record_round(record, "config", round_, base, loaded, seen, figures))
         errors = seen["errors"]
         # Each refusal is its documented code and the session goes on (no internal_error, no 1011).
         assert errors.get("invalid_value", 0) >= 1, errors  # the 256 KiB bound
