@@ -54,8 +54,8 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from duplex_actors.config import TICK_POLICIES
 from duplex_actors.scheduler.policy import (
-    POLICY_NAMES,
     RECENT_STEPS,
     Policy,
     PolicyState,
@@ -351,7 +351,7 @@ def capacity(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default=",".join(POLICY_NAMES))
+    parser.add_argument("--policies", default=",".join(TICK_POLICIES))
     # Without any of these four: the DEFAULT_SCENARIOS; with any, every combination of them.
     parser.add_argument("--chunk-ms", help="comma list of 10,20,40,80,100 (any ms; default 80)")
     parser.add_argument("--phases", help="comma list of sync,spread,random (default random)")

@@ -271,6 +271,32 @@ GRID_CASES = [
         WaitUntil(1170 * MS),
     ),
     (
+        "every steppable slot has a frame before the due tick's interval opens: a step ahead of the grid",
+        150,
+        view(
+            slot(0, 100, 130, 145), slot(1, 150), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)
+        ),
+        StepNow((0, 1), "ahead"),
+    ),
+    (
+        "a lone slot behind, as an upload is: ahead",
+        150,
+        view(slot(0, 100, 130, 145), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY)),
+        StepNow((0,), "ahead"),
+    ),
+    (
+        "no step ahead that would end after the due tick's step must start: wait for its interval",
+        150,
+        view(slot(0, 100, 130, 145), steps_ms=(90,) * 5, state=grid_state(0, 3, STEADY)),
+        WaitUntil(160 * MS),
+    ),
+    (
+        "no step ahead while a steppable slot has no frame",
+        150,
+        view(slot(0, 100, 130, 145), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)),
+        WaitUntil(240 * MS),
+    ),
+    (
         "a tick that passed empty counts as missed for a steady slot",
         205,
         view(slot(0, 203), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 2, STEADY, STEADY)),
@@ -318,6 +344,57 @@ def test_grid_slot_states_after_a_tick() -> None:
     after = policy.after_step(state, v, step, 160 * MS)
     assert after.next_tick == 3 and after.ticks == 1
     assert [(s.streak, s.debt) for s in after.slots] == [(11, 0), (0, 1), (0, 0), (0, 2), (11, 2)]
+
+
+def test_grid_a_lone_upload_is_stepped_ahead_of_the_grid_without_moving_it_or_spending_budget() -> None:
+    policy = GridPolicy()
+    state = grid_state(0, 3, STEADY)
+    served = 0
+    frames = [100.0 + 5 * i for i in range(10)]  # 10 frames, all complete by 150 ms
+    now = 150.0
+    while frames:
+        v = view(slot(0, *frames), steps_ms=(20,) * 5, state=state)
+        step = policy.decide(now * MS, v)
+        assert isinstance(step, StepNow), (now, step)
+        state = policy.after_step(state, v, step, now * MS)
+        served += 1
+        frames.pop(0)
+        now += 20
+    # Ahead at 150 ms, before the due tick's (240 ms) interval opened at 160; that tick early at
+    # 170; ahead at 190-230; the 320 ms tick early at 250; and so on: the engine's pace, not one
+    # frame per tick.
+    assert served == 10 and now == 350
+    assert state.ahead_steps == 7 and state.ticks == 3 and state.catchup_steps == 0
+    assert state.next_tick == 6  # the ticks at 240, 320 and 400 ms: the grid kept its phase
+    assert state.slots[0].catchups == ()
+
+
+def test_grid_frames_queued_while_a_slot_was_prepared_are_caught_up_outside_the_budget() -> None:
+    policy = GridPolicy(max_catchups_per_s=2)
+    state = grid_state(0, 11, SlotState(), STEADY)  # slot 0 just became steppable; due 880 ms
+    frames = [330.0, 410.0, 490.0, 570.0, 650.0, 730.0]  # sent on real time while it was prepared
+    for now in (830, 835, 840):
+        v = view(slot(0, *frames), slot(1), steps_ms=(4,) * 5, state=state)
+        step = policy.decide(now * MS, v)
+        assert_decision(step, StepNow((0,), "catchup"))
+        assert isinstance(step, StepNow)
+        state = policy.after_step(state, v, step, now * MS)
+        frames.pop(0)
+    # Five frames were queued behind the first (it completed six ticks before). The first
+    # frame's catch-up is any new slot's; then two of the five in 10 ms, past the budget of two
+    # catch-ups a second, and three still owed; never drained meanwhile.
+    assert state.slots[0].start_backlog == 3 and state.catchup_steps == 3
+    assert not policy._owes_drain(attrs.evolve(state.slots[0], lags=(0.3,) * 8), view(), 0.85)
+
+
+def test_grid_an_upload_at_a_slots_start_is_owed_no_start_backlog() -> None:
+    policy = GridPolicy()
+    state = grid_state(0, 11, SlotState(), STEADY)
+    v = view(slot(0, *([829.0] * 50)), slot(1), steps_ms=(4,) * 5, state=state)
+    step = policy.decide(830 * MS, v)
+    assert_decision(step, StepNow((0,), "catchup"))  # its first frame, as any slot's
+    assert isinstance(step, StepNow)
+    assert policy.after_step(state, v, step, 830 * MS).slots[0].start_backlog == 0
 
 
 def test_grid_catch_up_spends_debt_and_budget_and_a_miss_right_after_is_phase() -> None:

@@ -276,6 +276,7 @@ class Scheduler:
                     reset_pending=e.pending_reset is not None,
                     frames=tuple(f.submitted_at for f in head),
                     padded=tuple(f.padded for f in head),
+                    queued=len(e.frames),
                 )
             )
         return SchedulerView(

@@ -21,9 +21,13 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   estimated step (p90 of recent steps) fits before the next tick, or, when it does not, if the
   catch-up and the tick it then delays both end before the tick after (the median of the last
   ``OVERRUN_STEPS`` steps as the estimate; at most one such *overrun* per
-  ``overrun_interval_ms``), at most ``max_catchups_per_s`` per slot in any second. Falling
+  ``overrun_interval_ms``), at most ``max_catchups_per_s`` per slot in any second. Frames that
+  a client on real time sent while its slot waited for its first step (the prompt was being
+  prepared) are its *start backlog*: owed catch-ups outside that budget, never drained. Falling
   further behind never earns one: a client sending faster than real time is served one frame
-  per tick. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
+  per tick, unless every steppable slot is behind (an upload alone, clients all ahead of real
+  time): a step then serves every session, and is taken *ahead* of the grid, which it does not
+  move, whenever it ends before the due tick's step must start. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
   a little late (a stall of the loop or the network) are stepped late as that tick's, not owed
   as debts; so is a tick most of whose slots on cadence have no frame yet, while its step
   still ends before the next tick (``_hold_until``). A slot the catch-ups
@@ -50,9 +54,9 @@ from typing import Final, Literal, Protocol
 
 import attrs
 
+from ..config import TICK_POLICIES
+
 TICK_MS: Final = 80.0
-POLICY_NAMES: Final = ("grid", "deadline", "window")
-DEFAULT_POLICY: Final = "grid"
 
 # Times closer than this (seconds) are the same instant: ticks are computed as origin + n * tick
 # and frame times come from another clock reading, so float noise must not skip a tick.
@@ -79,10 +83,17 @@ class SlotView:
     # re-alignment that moves the session's phase later makes that double), the grid owes it
     # a catch-up, as it does the double of a session's first alignment.
     padded: tuple[bool, ...] = ()
+    # How many frames wait in the queue, when ``frames`` holds only the oldest (None: all).
+    queued: int | None = None
 
     @property
     def steppable(self) -> bool:
         return self.active and not self.reset_pending
+
+    @property
+    def depth(self) -> int:
+        """The frames waiting in this slot's queue (every one complete)."""
+        return len(self.frames) if self.queued is None else self.queued
 
 
 @attrs.frozen(slots=True)
@@ -106,6 +117,12 @@ class SlotState:
     # catch-up: it completes at any phase, and once the session is aligned its next frame
     # wants the same tick.
     seen: bool = False
+    # Frames that were queued behind the slot's first when it was first stepped, as many as a
+    # client on real time sent while it waited (its prompt was prepared, or the engine was busy
+    # admitting it): the server's delay, not the client's jitter, so they are owed catch-ups
+    # outside the per-second budget and never drained. Paid one per catch-up; forgotten once
+    # the slot is current at a tick.
+    start_backlog: int = 0
     # How late (seconds after its frame completed) the slot's stepped frame was at each of its
     # last regular ticks (at most drain_window_ticks) since it last missed a tick, had a
     # catch-up or a drain, and when the slot's recent drains were decided.
@@ -138,6 +155,8 @@ class PolicyState:
     # Ticks stepped, and catch-up steps, over the policy's life (for statistics and tests).
     ticks: int = 0
     catchup_steps: int = 0
+    # Steps taken ahead of the grid because every steppable slot was behind (``ahead``).
+    ahead_steps: int = 0
     # Slots owed a drain by the step ``after_step`` just recorded (the shell drains them once).
     drain: tuple[int, ...] = ()
     drains: int = 0
@@ -165,7 +184,7 @@ class SchedulerView:
 
 
 # -- decisions -----------------------------------------------------------------------------------
-StepKind = Literal["tick", "early", "catchup", "window"]
+StepKind = Literal["tick", "early", "catchup", "ahead", "window"]
 
 
 @attrs.frozen(slots=True)
@@ -346,6 +365,13 @@ class GridPolicy:
             debt = 0
         return attrs.evolve(st, streak=0, debt=debt, caught_up=False, backlog=0, stable=0, lags=())
 
+    def _start_backlog(self, s: SlotView, started: float) -> int:
+        """The frames queued behind a slot's first step that a client on real time sent while
+        the slot waited (its first frame completed that many ticks before): a client that sent
+        seconds at once (an upload) is ahead of real time and owed none for them."""
+        waited = math.floor((started - s.frames[0]) / self.tick + EPS)
+        return max(0, min(s.depth - 1, waited))
+
     def _estimate(self, view: SchedulerView) -> float | None:
         return percentile(view.recent_steps, 90) if view.recent_steps else None
 
@@ -392,6 +418,8 @@ class GridPolicy:
             return False  # falling further behind: a client ahead of real time
         if sum(1 for t in st.drains if t > now - 1.0) >= self.max_drains_per_s:
             return False
+        if st.start_backlog > 0:
+            return False  # the server's delay, paid by catch-ups
         return not self._catchup_available(st, view, now)
 
     def _overrun_allowed(self, state: PolicyState, view: SchedulerView, now: float, due: float) -> bool:
@@ -463,7 +491,9 @@ class GridPolicy:
                 # double of a re-alignment whose tick was stepped early, without it: owed now.
                 # (A slot already behind is not: a client can pad its own appends.)
                 doubled = s.padded[:1] == (True,) and st.backlog == 0 and s.frames[0] < due - self.tick - EPS
-                if st.debt > 0 or not st.seen or doubled:
+                if st.start_backlog > 0:
+                    free_at[s.index] = now
+                elif st.debt > 0 or not st.seen or doubled:
                     free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
             if catchup and (now <= latest_start or self._overrun_allowed(state, view, now, due)):
@@ -472,11 +502,18 @@ class GridPolicy:
             if later <= latest_start:
                 wake = later
         if len(waiting) == steppable:
-            # Early, but only within the due tick's own interval: with every slot backlogged
-            # the grid must not run ahead of the clock (that would be greedy stepping).
+            # Early, within the due tick's own interval: that is the tick's step.
             opens = due - self.tick
             if now >= opens - EPS:
                 return StepNow(slots, "early", due)
+            # Before it, every steppable slot is behind (its frame completed before the last
+            # tick): a step now serves every session, so it spends no one's time, and it is
+            # taken ahead of the grid, which it does not move, when it ends before the due
+            # tick's step must start. A lone upload, or clients all sending faster than real
+            # time, are served as fast as the engine goes; beside a session on real time, a
+            # client ahead of it is served one frame per tick.
+            if estimate is None or now <= self._latest_start(due, estimate) + EPS:
+                return StepNow(slots, "ahead")
             wake = min(wake, opens)
         return WaitUntil(wake)
 
@@ -484,7 +521,7 @@ class GridPolicy:
         self, state: PolicyState, view: SchedulerView, step: StepNow, started: float
     ) -> PolicyState:
         stepped = set(step.slots)
-        if step.kind == "catchup":
+        if step.kind in ("catchup", "ahead"):
             state = self.settle(state, view, started)
             estimate = self._estimate(view)
             if state.origin is not None and estimate is not None:
@@ -494,18 +531,34 @@ class GridPolicy:
             slots = list(state.slots) + [FRESH_SLOT] * (len(view.slots) - len(state.slots))
             # A step only takes slots with a frame waiting (the view's oldest is the one stepped).
             completed = {s.index: s.frames[0] for s in view.slots if s.index in stepped}
+            catchup = step.kind == "catchup"
+            start = {s.index: self._start_backlog(s, started) for s in view.slots if s.index in stepped}
             for i in stepped:
                 st = slots[i]
-                recent = (*(t for t in st.catchups if t > started - 1.0), started)
+                # An ``ahead`` step spends no catch-up budget: it served every session.
+                recent = (*(t for t in st.catchups if t > started - 1.0), started) if catchup else st.catchups
+                if not st.seen:
+                    start_backlog, debt = start[i], st.debt
+                elif st.start_backlog > 0:
+                    start_backlog, debt = st.start_backlog - 1, st.debt
+                else:
+                    start_backlog, debt = 0, max(0, st.debt - 1)
                 slots[i] = attrs.evolve(
                     st.stepped_frame(completed[i]),
-                    debt=max(0, st.debt - 1),
+                    debt=debt,
+                    start_backlog=start_backlog,
                     catchups=recent,
                     caught_up=True,
                     seen=True,
                     lags=(),
                 )
-            return attrs.evolve(state, slots=tuple(slots), catchup_steps=state.catchup_steps + 1, drain=())
+            return attrs.evolve(
+                state,
+                slots=tuple(slots),
+                catchup_steps=state.catchup_steps + catchup,
+                ahead_steps=state.ahead_steps + (not catchup),
+                drain=(),
+            )
         assert step.tick_at is not None
         if state.origin is None:
             state = attrs.evolve(state, origin=step.tick_at, next_tick=0)
@@ -549,6 +602,10 @@ class GridPolicy:
                     debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
+                if not st.seen:
+                    start_backlog = self._start_backlog(s, started)
+                else:
+                    start_backlog = st.start_backlog if behind or left else 0
                 lags = (*st.lags, tick_at - s.frames[0])
                 st = attrs.evolve(
                     st.stepped_frame(s.frames[0]),
@@ -558,6 +615,7 @@ class GridPolicy:
                     backlog=behind,
                     stable=stable,
                     seen=True,
+                    start_backlog=start_backlog,
                     lags=lags[-self.drain_window_ticks :],
                 )
                 # A drain needs a frame to drop: one queued behind this one, complete by now.
@@ -597,4 +655,4 @@ def make_policy(
         return DeadlinePolicy(tick_ms=tick_ms, guard_ms=guard_ms)
     if name == "window":
         return WindowPolicy(max_batch_wait_ms=max_batch_wait_ms)
-    raise ValueError(f"unknown tick policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")
+    raise ValueError(f"unknown tick policy {name!r}; choose one of: {', '.join(TICK_POLICIES)}")
