@@ -30,9 +30,9 @@ def _serve(args: argparse.Namespace) -> int:
     except LogDirLocked as exc:
         print(f"duplex-actors: {exc}", file=sys.stderr)
         return 2
-    from .config import TICK_POLICIES
+    from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
 
-    tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or "window"
+    tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or DEFAULT_TICK_POLICY
     if tick_policy not in TICK_POLICIES:
         print(
             f"duplex-actors: DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}",

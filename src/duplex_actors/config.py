@@ -16,8 +16,10 @@ class ConfigError(ValueError):
 
 
 ADMISSION_REFUSALS = ("inband", "http")
-# scheduler/policy.py's names; spelled here so that reading settings never imports the scheduler.
+# The tick policies' names (scheduler/policy.py implements them; it reads them from here, so that
+# reading settings never imports the scheduler) and the default.
 TICK_POLICIES = ("grid", "deadline", "window")
+DEFAULT_TICK_POLICY = "grid"
 
 
 def parse_flag(env: Mapping[str, str], name: str, fallback: bool) -> bool:
@@ -65,9 +67,9 @@ class ServerConfig:
     input_buffer_bytes: int = 16 * 1024 * 1024
     outbox_events: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
-    # When the scheduler steps (notes/tick-policy.md, docs/operations.md). "window" until
-    # per-session alignment lands: the grid makes unaligned 80 ms clients wait 40 ms on average.
-    tick_policy: str = "window"
+    # When the scheduler steps (notes/tick-policy.md, docs/operations.md): the grid, sessions
+    # aligned to it (an unaligned 80 ms client waits 40 ms on average there).
+    tick_policy: str = DEFAULT_TICK_POLICY
     # /api/chat: the stock UIs' sampling query parameters set the session's sampling (else greedy)
     client_sampling: bool = False
     # transport (docs/operations.md): request-body deadline, HTTP keep-alive idle time, and the

@@ -33,6 +33,7 @@ import trio
 
 from . import __version__
 from .audio import SAMPLE_RATE, encode_f32
+from .config import DEFAULT_TICK_POLICY
 from .counters import Counters
 from .errors import CodedError
 from .log import records as r
@@ -546,7 +547,7 @@ async def open_duplex_server(
     log_dir: str | Path = "sessions",
     virtual_time: bool = False,
     max_batch_wait_ms: float = 20.0,
-    tick_policy: str = "window",
+    tick_policy: str = DEFAULT_TICK_POLICY,
     limits: SessionLimits | None = None,
     outbox_size: int = 4096,
     fsync: bool = True,

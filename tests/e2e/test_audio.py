@@ -38,6 +38,11 @@ CHUNKS_MS = (20, 40, 80, 100, 160)
 async def run_chunked(server, audio: bytes, chunk_ms: int, out: dict[int, tuple[bytes, str]]) -> None:
     async with connect(server.ws + "/v1/realtime") as c:
         await c.wait_for("session.updated")
+        # Unpadded: on the grid, 20 and 40 ms chunks are otherwise aligned with a pad, which the
+        # model hears (spec section 7; tests/e2e/test_alignment.py covers that path).
+        before = len(c.messages)
+        await c.send({"type": "session.update", "session": {"duplex": {"alignment": "off"}}})
+        await c.wait_for("session.updated", since=before)
         await feed(c, audio, chunk_ms * 24 * 2, pace=2.0)
         await c.wait_until(lambda: c.output_frames() >= N_FRAMES, timeout=30, what=f"{N_FRAMES} frames")
         assert [d["metadata"]["frame_index"] for d in c.deltas()] == list(range(N_FRAMES))

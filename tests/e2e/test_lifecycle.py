@@ -82,7 +82,11 @@ class Watch:
         self.events.append(event)
         c = self.client
         if c is not None and isinstance(event, AudioDelta):
-            self.min_ahead = min(self.min_ahead, c.frames_sent - c.frames_received)
+            # Input counted on the server: the client's samples plus the alignment pads it was
+            # asked for (spec section 7), which can complete a frame before the client's own
+            # samples do.
+            padded = -(-sum(ms for _, ms in c.pads) // 80)
+            self.min_ahead = min(self.min_ahead, c.frames_sent + padded - c.frames_received)
 
     def of(self, cls):
         return [e for e in self.events if isinstance(e, cls)]

@@ -170,7 +170,10 @@ def session_stats(
     ``ready_frames``: see :func:`frame_send_times`; ``sends``: see :func:`frame_latencies_ms`;
     ``pads``: 24 kHz samples of silence the server inserted (client and server pads); the
     larger of it and what the deltas show counts in the frames expected."""
-    sent = len(send_times)
+    # The client's own 80 ms input frames (a partial last one counts): an alignment hint splits
+    # one chunk in two, so messages are not frames. Without ``sends`` (api-chat): messages.
+    frame = rate * 80 // 1000
+    sent = -(-sends[-1][1] // frame) if sends else len(send_times)
     frame_sent = frame_send_times(send_times, ready_frames)
     pad = max(pads, pads_observed(deltas, rate * 80 // 1000, rate))
     # Frames the sent input plus the pads can produce (at 24 kHz the partial tail counts too).
