@@ -285,10 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--tick-policy",
         choices=["grid", "deadline", "window"],
         default=None,
-        help="when the scheduler steps (docs/operations.md): 'window' (default: step when every "
-        "session has a frame, else 20 ms after the first), 'deadline' (the window stretched to "
-        "80 ms minus the p90 step), 'grid' (one step per 80 ms tick on a fixed grid); "
-        "env DUPLEX_TICK_POLICY",
+        help="when the scheduler steps (docs/operations.md): 'grid' (default: one step per 80 ms "
+        "tick on a fixed grid, sessions aligned to it), 'window' (step when every session has a "
+        "frame, else 20 ms after the first), 'deadline' (the window stretched to 80 ms minus the "
+        "p90 step); env DUPLEX_TICK_POLICY",
     )
     serve.add_argument(
         "--max-align-pad-ms",
