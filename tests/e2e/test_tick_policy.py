@@ -1,5 +1,5 @@
 """``--tick-policy`` on a real server: sessions at spread phases share one step per tick on
-the grid; the policy in use and its figures are on /metrics; a bad value is one line."""
+the grid, the default; the policy in use and its figures are on /metrics; a bad value is one line."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from .conftest import EXE, start_server
 LOAD = str(Path(sys.executable).with_name("duplex-load"))
 
 
-def test_grid_steps_spread_sessions_once_per_tick(tmp_path: Path) -> None:
-    server = start_server(tmp_path, "--max-sessions", "4", "--tick-policy", "grid")
+def test_the_default_grid_steps_spread_sessions_once_per_tick(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--max-sessions", "4")  # no --tick-policy: the default
     try:
         before = metrics_text(server)  # the warm-up session's steps, taken away below
         proc = subprocess.run(
@@ -54,8 +54,8 @@ def test_grid_steps_spread_sessions_once_per_tick(tmp_path: Path) -> None:
     assert ratio <= 1.5, (ratio, steps, frames)
     waits = metric_sum(after, "duplex_frame_wait_seconds_count")
     assert waits >= frames
-    # Unaligned 80 ms clients wait for the next step: 0-80 ms (~30 on a quiet machine: the
-    # grid steps early once every session has a frame); a stalled machine queues more.
+    # Frames wait for their step: duplex-load's first frames unaligned (0-80 ms), then its
+    # margin once the hint is applied; a stalled machine queues more.
     assert metric_sum(after, "duplex_frame_wait_seconds_sum") > 0
 
 
