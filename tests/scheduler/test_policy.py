@@ -271,30 +271,39 @@ GRID_CASES = [
         WaitUntil(1170 * MS),
     ),
     (
-        "every steppable slot has a frame before the due tick's interval opens: a step ahead of the grid",
+        "every steppable slot a whole tick behind (its oldest frame due by the tick before the last): ahead",
         150,
         view(
-            slot(0, 100, 130, 145), slot(1, 150), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)
+            slot(0, 50, 100, 130),
+            slot(1, 60, 150),
+            steps_ms=(30,) * 5,
+            state=grid_state(0, 3, STEADY, STEADY),
         ),
         StepNow((0, 1), "ahead"),
     ),
     (
         "a lone slot behind, as an upload is: ahead",
         150,
-        view(slot(0, 100, 130, 145), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY)),
+        view(slot(0, 50, 100, 130), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY)),
         StepNow((0,), "ahead"),
     ),
     (
         "no step ahead that would end after the due tick's step must start: wait for its interval",
         150,
-        view(slot(0, 100, 130, 145), steps_ms=(90,) * 5, state=grid_state(0, 3, STEADY)),
+        view(slot(0, 50, 100, 130), steps_ms=(90,) * 5, state=grid_state(0, 3, STEADY)),
         WaitUntil(160 * MS),
     ),
     (
         "no step ahead while a steppable slot has no frame",
         150,
-        view(slot(0, 100, 130, 145), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)),
+        view(slot(0, 50, 100, 130), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)),
         WaitUntil(240 * MS),
+    ),
+    (
+        "no step ahead beside a slot on real time holding the second frame of a 100 ms chunk: early at 160",
+        150,
+        view(slot(0, 50, 100, 130), slot(1, 150), steps_ms=(30,) * 5, state=grid_state(0, 3, STEADY, STEADY)),
+        WaitUntil(160 * MS),
     ),
     (
         "a tick that passed empty counts as missed for a steady slot",
@@ -350,7 +359,7 @@ def test_grid_a_lone_upload_is_stepped_ahead_of_the_grid_without_moving_it_or_sp
     policy = GridPolicy()
     state = grid_state(0, 3, STEADY)
     served = 0
-    frames = [100.0 + 5 * i for i in range(10)]  # 10 frames, all complete by 150 ms
+    frames = [5.0 * i for i in range(10)]  # 10 frames, all complete by 45 ms
     now = 150.0
     while frames:
         v = view(slot(0, *frames), steps_ms=(20,) * 5, state=state)
@@ -360,9 +369,9 @@ def test_grid_a_lone_upload_is_stepped_ahead_of_the_grid_without_moving_it_or_sp
         served += 1
         frames.pop(0)
         now += 20
-    # Ahead at 150 ms, before the due tick's (240 ms) interval opened at 160; that tick early at
-    # 170; ahead at 190-230; the 320 ms tick early at 250; and so on: the engine's pace, not one
-    # frame per tick.
+    # Ahead at 150 ms (the oldest frame a whole tick behind), before the due tick's (240 ms)
+    # interval opened at 160; that tick early at 170; ahead at 190-230; the 320 ms tick early at
+    # 250; and so on: the engine's pace, not one frame per tick.
     assert served == 10 and now == 350
     assert state.ahead_steps == 7 and state.ticks == 3 and state.catchup_steps == 0
     assert state.next_tick == 6  # the ticks at 240, 320 and 400 ms: the grid kept its phase
@@ -384,13 +393,17 @@ def test_grid_frames_queued_while_a_slot_was_prepared_are_caught_up_outside_the_
     # frame's catch-up is any new slot's; then two of the five in 10 ms, past the budget of two
     # catch-ups a second, and three still owed; never drained meanwhile.
     assert state.slots[0].start_backlog == 3 and state.catchup_steps == 3
-    assert not policy._owes_drain(attrs.evolve(state.slots[0], lags=(0.3,) * 8), view(), 0.85)
+    standing = attrs.evolve(state.slots[0], lags=(0.3,) * 8)
+    assert not policy._owes_drain(standing, view(steps_ms=(4,) * 5), 0.85)
+    # Unless no catch-up can pay it (steps of 60 ms: neither two in a tick nor three in two).
+    assert policy._owes_drain(standing, view(steps_ms=(60,) * 5), 0.85)
 
 
 def test_grid_an_upload_at_a_slots_start_is_owed_no_start_backlog() -> None:
     policy = GridPolicy()
     state = grid_state(0, 11, SlotState(), STEADY)
-    v = view(slot(0, *([829.0] * 50)), slot(1), steps_ms=(4,) * 5, state=state)
+    # 50 frames, sent at once 500 ms before the slot's first step (while it was prepared).
+    v = view(slot(0, *([330.0] * 50)), slot(1), steps_ms=(4,) * 5, state=state)
     step = policy.decide(830 * MS, v)
     assert_decision(step, StepNow((0,), "catchup"))  # its first frame, as any slot's
     assert isinstance(step, StepNow)

@@ -25,11 +25,12 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   a client on real time sent while its slot waited for its first step (the prompt was being
   prepared) are its *start backlog*: owed catch-ups outside that budget, never drained. Falling
   further behind never earns one: a client sending faster than real time is served one frame
-  per tick, unless every steppable slot is behind (an upload alone, clients all ahead of real
-  time): a step then serves every session, and is taken *ahead* of the grid, which it does not
-  move, whenever it ends before the due tick's step must start. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all came
-  a little late (a stall of the loop or the network) are stepped late as that tick's, not owed
-  as debts; so is a tick most of whose slots on cadence have no frame yet, while its step
+  per tick, unless every steppable slot is a whole tick behind (an upload alone, uploads
+  started together, everyone after a stall): a step then serves every session, and is taken
+  *ahead* of the grid, which it does not move, whenever it ends before the due tick's step
+  must start. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all
+  came a little late (a stall of the loop or the network) are stepped late as that tick's, not
+  owed as debts; so is a tick most of whose slots on cadence have no frame yet, while its step
   still ends before the next tick (``_hold_until``). A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
@@ -370,6 +371,8 @@ class GridPolicy:
         the slot waited (its first frame completed that many ticks before): a client that sent
         seconds at once (an upload) is ahead of real time and owed none for them."""
         waited = math.floor((started - s.frames[0]) / self.tick + EPS)
+        if s.depth - 1 > waited + 1:
+            return 0  # more frames than ticks waited: sent ahead of real time
         return max(0, min(s.depth - 1, waited))
 
     def _estimate(self, view: SchedulerView) -> float | None:
@@ -393,14 +396,18 @@ class GridPolicy:
             return now
         return sorted(recent)[-self.max_catchups_per_s] + 1.0
 
-    def _catchup_available(self, st: SlotState, view: SchedulerView, now: float) -> bool:
-        """Will a catch-up serve this slot: it is owed one, has budget left, and a tick step
-        plus a catch-up step (p90 each) fit in one tick, or (an overrun) three steps in two?"""
+    def _catchup_fits(self, view: SchedulerView) -> bool:
+        """Do a tick step plus a catch-up step (p90 each) fit in one tick, or (an overrun)
+        three steps in two?"""
         estimate, overrun = self._estimate(view), self._overrun_estimate(view)
         fits = estimate is not None and 2 * estimate + self.guard_ms / 1000 <= self.tick
         if not fits and overrun is not None and self.overrun_interval_ms > 0:
             fits = 3 * overrun + self.guard_ms / 1000 <= 2 * self.tick
-        return st.debt > 0 and fits and self._budget_free_at(st, now) <= now
+        return fits
+
+    def _catchup_available(self, st: SlotState, view: SchedulerView, now: float) -> bool:
+        """Will a catch-up serve this slot: it is owed one, has budget left, and it fits?"""
+        return st.debt > 0 and self._catchup_fits(view) and self._budget_free_at(st, now) <= now
 
     def _owes_drain(self, st: SlotState, view: SchedulerView, now: float) -> bool:
         lags = st.lags
@@ -418,8 +425,8 @@ class GridPolicy:
             return False  # falling further behind: a client ahead of real time
         if sum(1 for t in st.drains if t > now - 1.0) >= self.max_drains_per_s:
             return False
-        if st.start_backlog > 0:
-            return False  # the server's delay, paid by catch-ups
+        if st.start_backlog > 0 and self._catchup_fits(view):
+            return False  # the server's delay, paid by catch-ups while they fit
         return not self._catchup_available(st, view, now)
 
     def _overrun_allowed(self, state: PolicyState, view: SchedulerView, now: float, due: float) -> bool:
@@ -506,13 +513,16 @@ class GridPolicy:
             opens = due - self.tick
             if now >= opens - EPS:
                 return StepNow(slots, "early", due)
-            # Before it, every steppable slot is behind (its frame completed before the last
-            # tick): a step now serves every session, so it spends no one's time, and it is
-            # taken ahead of the grid, which it does not move, when it ends before the due
-            # tick's step must start. A lone upload, or clients all sending faster than real
-            # time, are served as fast as the engine goes; beside a session on real time, a
-            # client ahead of it is served one frame per tick.
-            if estimate is None or now <= self._latest_start(due, estimate) + EPS:
+            # Before it, when every steppable slot is a whole tick behind (its oldest frame was
+            # due by the tick before the last: not merely the second frame of a chunk that
+            # completes two, which the next tick serves), a step now serves every session, so
+            # it spends no one's time; it is taken ahead of the grid, which it does not move,
+            # when it ends before the due tick's step must start. A lone upload, or clients all
+            # sending faster than real time, are served as fast as the engine goes (two ticks
+            # behind at most); beside a session on real time, a client ahead of it is served
+            # one frame per tick.
+            behind = all(s.frames[0] < opens - self.tick - EPS for s in waiting)
+            if behind and (estimate is None or now <= self._latest_start(due, estimate) + EPS):
                 return StepNow(slots, "ahead")
             wake = min(wake, opens)
         return WaitUntil(wake)
@@ -587,9 +597,14 @@ class GridPolicy:
                 debt = st.debt if behind or left else 0
                 if st.backlog and behind > st.backlog:
                     debt = 0  # falling further behind (ahead of real time): an old debt lapses
-                if (behind or left) and st.streak <= 1:
+                if not st.seen:
+                    start_backlog = self._start_backlog(s, started)
+                else:
+                    start_backlog = st.start_backlog if behind or left else 0
+                if (behind or left) and st.streak <= 1 and not start_backlog:
                     # Its first frame came after the previous tick, and the hinted next one
                     # before this tick: two frames for one tick, although neither is a tick late.
+                    # (A start backlog already owes those frames.)
                     debt = max(debt, 1)
                 current = not st.backlog  # at its last tick: a client ahead of real time is not
                 if current and (
@@ -602,10 +617,6 @@ class GridPolicy:
                     debt = max(debt, 1)
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
-                if not st.seen:
-                    start_backlog = self._start_backlog(s, started)
-                else:
-                    start_backlog = st.start_backlog if behind or left else 0
                 lags = (*st.lags, tick_at - s.frames[0])
                 st = attrs.evolve(
                     st.stepped_frame(s.frames[0]),
