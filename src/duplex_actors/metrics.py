@@ -114,6 +114,12 @@ def render(
             [("", {}, st.catchup_steps)],
         )
         out.metric(
+            "duplex_ahead_steps_total",
+            "counter",
+            "Grid steps ahead of the tick: every session was a whole tick behind (uploads; tick policy grid).",
+            [("", {}, st.ahead_steps)],
+        )
+        out.metric(
             "duplex_tick_policy",
             "gauge",
             "The scheduler's tick policy (1 for the one in use).",

@@ -43,6 +43,7 @@ def test_the_default_grid_steps_spread_sessions_once_per_tick(tmp_path: Path) ->
     finally:
         server.stop()
     assert metric_sum(after, "duplex_tick_policy", policy="grid") == 1
+    assert "\nduplex_ahead_steps_total " in after  # exported (paced clients seldom need one)
     steps = metric_sum(after, "duplex_step_duration_seconds_count") - metric_sum(
         before, "duplex_step_duration_seconds_count"
     )

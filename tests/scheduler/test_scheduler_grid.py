@@ -120,6 +120,24 @@ async def test_grid_serves_a_client_ahead_of_real_time_one_frame_per_tick(autoju
     assert len(paced.results) == 25
     assert len(fast.results) <= 25 + 2 + 2 * 3, len(fast.results)
     assert sched.statistics().catchup_steps <= 2 + 2 * 3
+    assert sched.statistics().ahead_steps == 0  # the paced session is never a tick behind
+
+
+async def test_grid_serves_an_upload_alone_at_the_engines_pace(autojump_clock):
+    engine = SlowEngine(1, 0.010)
+    sched = Scheduler(engine, clock=VIRTUAL_TIME, policy=make_policy("grid"))
+    upload = Sink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        slot = sched.admit(upload)
+        for k in range(50):  # 4 s of audio at once
+            sched.submit_nowait(slot, k, frame(k))
+        await trio.sleep(1.0)
+        nursery.cancel_scope.cancel()
+    # All of it within 1 s (one frame per tick would have served 13), mostly ahead of the grid.
+    assert len(upload.results) == 50
+    st = sched.statistics()
+    assert st.ahead_steps >= 30 and st.catchup_steps <= 2
 
 
 async def test_deadline_policy_steps_partial_batches_late_in_the_tick(autojump_clock):

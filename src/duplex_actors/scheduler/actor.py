@@ -74,6 +74,7 @@ class SchedulerStatistics:
     failed: bool
     tick_policy: str = "window"
     catchup_steps: int = 0
+    ahead_steps: int = 0
     frame_wait_seconds_sum: float = 0.0
     frame_wait_seconds_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound, cumulative)
     # waited over 80 ms since submission, but only behind the same session's earlier frames
@@ -130,6 +131,7 @@ class Scheduler:
         self._dropped: Counter[str] = Counter()
         self._resets = 0
         self._catchups = 0
+        self._ahead = 0
         self._drained = 0
         self._wait_sum = 0.0
         self._wait_hist = [0] * len(WAIT_BUCKETS)
@@ -222,6 +224,7 @@ class Scheduler:
             failed=self.failed is not None,
             tick_policy=self.policy.name,
             catchup_steps=self._catchups,
+            ahead_steps=self._ahead,
             frame_wait_seconds_sum=self._wait_sum,
             frame_wait_seconds_buckets=_cumulative(WAIT_BUCKETS, self._wait_hist),
             backlog_frames=self._backlog,
@@ -389,6 +392,8 @@ class Scheduler:
         self._policy_state = self.policy.after_step(self._policy_state, view, decision, started)
         if decision.kind == "catchup":
             self._catchups += 1
+        elif decision.kind == "ahead":
+            self._ahead += 1
         for index in self._policy_state.drain:
             self._drain(self.table.slots[index])
         try:
