@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
+
 
 def _serve(args: argparse.Namespace) -> int:
     if args.log_upload:
@@ -30,8 +32,6 @@ def _serve(args: argparse.Namespace) -> int:
     except LogDirLocked as exc:
         print(f"duplex-actors: {exc}", file=sys.stderr)
         return 2
-    from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
-
     tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or DEFAULT_TICK_POLICY
     if tick_policy not in TICK_POLICIES:
         print(
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--tick-policy",
-        choices=["grid", "deadline", "window"],
+        choices=TICK_POLICIES,
         default=None,
         help="when the scheduler steps (docs/operations.md): 'grid' (default: one step per 80 ms "
         "tick on a fixed grid, sessions aligned to it), 'window' (step when every session has a "

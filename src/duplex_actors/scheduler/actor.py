@@ -130,8 +130,6 @@ class Scheduler:
         self._backlog = 0
         self._dropped: Counter[str] = Counter()
         self._resets = 0
-        self._catchups = 0
-        self._ahead = 0
         self._drained = 0
         self._wait_sum = 0.0
         self._wait_hist = [0] * len(WAIT_BUCKETS)
@@ -223,8 +221,8 @@ class Scheduler:
             resets=self._resets,
             failed=self.failed is not None,
             tick_policy=self.policy.name,
-            catchup_steps=self._catchups,
-            ahead_steps=self._ahead,
+            catchup_steps=self._policy_state.catchup_steps,
+            ahead_steps=self._policy_state.ahead_steps,
             frame_wait_seconds_sum=self._wait_sum,
             frame_wait_seconds_buckets=_cumulative(WAIT_BUCKETS, self._wait_hist),
             backlog_frames=self._backlog,
@@ -390,10 +388,6 @@ class Scheduler:
             return
         started = self.clock.now()
         self._policy_state = self.policy.after_step(self._policy_state, view, decision, started)
-        if decision.kind == "catchup":
-            self._catchups += 1
-        elif decision.kind == "ahead":
-            self._ahead += 1
         for index in self._policy_state.drain:
             self._drain(self.table.slots[index])
         try:

@@ -517,10 +517,10 @@ class GridPolicy:
             # due by the tick before the last: not merely the second frame of a chunk that
             # completes two, which the next tick serves), a step now serves every session, so
             # it spends no one's time; it is taken ahead of the grid, which it does not move,
-            # when it ends before the due tick's step must start. A lone upload, or clients all
-            # sending faster than real time, are served as fast as the engine goes (two ticks
-            # behind at most); beside a session on real time, a client ahead of it is served
-            # one frame per tick.
+            # when it ends before the due tick's step must start. A lone upload, or uploads
+            # started together, are served as fast as the engine goes (two ticks behind at
+            # most); beside a session on real time, a client ahead of it is served one frame
+            # per tick.
             behind = all(s.frames[0] < opens - self.tick - EPS for s in waiting)
             if behind and (estimate is None or now <= self._latest_start(due, estimate) + EPS):
                 return StepNow(slots, "ahead")
