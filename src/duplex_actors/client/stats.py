@@ -175,7 +175,7 @@ def session_stats(
     frame = rate * 80 // 1000
     sent = -(-sends[-1][1] // frame) if sends else len(send_times)
     frame_sent = frame_send_times(send_times, ready_frames)
-    pad = max(pads, pads_observed(deltas, rate * 80 // 1000, rate))
+    pad = max(pads, pads_observed(deltas, frame, rate))
     # Frames the sent input plus the pads can produce (at 24 kHz the partial tail counts too).
     tail = 0
     if rate == 24_000 and sends:
@@ -183,7 +183,7 @@ def session_stats(
     expected = len(frame_sent) + (max(0, tail) + pad) // 1920
     received = sum(d.frames for d in deltas)
     rtt = [ms for _, ms in round_trips_ms(frame_sent, deltas)]
-    latency = frame_latencies_ms(sends, deltas, rate * 80 // 1000) if sends is not None else None
+    latency = frame_latencies_ms(sends, deltas, frame) if sends is not None else None
     intervals = np.diff([d.received_at for d in deltas]) * 1000 if len(deltas) > 1 else np.zeros(0)
     lost, out_of_order = continuity(deltas)
     ttfa = (deltas[0].received_at - send_times[0]) * 1000 if deltas and sent else None
