@@ -6,8 +6,9 @@ fast and deterministic): N seconds of speech-like audio (a tone with vibrato plu
 in 80 ms chunks, a ``cancel`` in the middle, then ``close``. Then times
 
 * ``replay_logic(path)`` (the session core over the logged records; median of a few runs),
-* ``replay_model(report, open_engine(model, slots=1))`` (the engine re-run on the logged inputs,
-  every step compared; the engine is opened outside the timing and reported separately),
+* ``replay_model(report, open_engine(model, slots=S))`` (the engine re-run on the logged inputs
+  at the recording width S, every step compared; the engine is opened outside the timing and
+  reported separately),
 * the ``duplex-replay PATH`` CLI end to end in a subprocess (interpreter start-up and imports
   included), logic only and with ``--model``.
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         logic_s = float(np.median(logic_times))
 
         t0 = time.perf_counter()
-        replay_engine = open_engine(args.model, slots=1)
+        replay_engine = open_engine(args.model, slots=args.slots)  # the served width: exact
         open_s = time.perf_counter() - t0
         model_report = replay_logic(path)
         t0 = time.perf_counter()
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         f"| {report.summary()} |"
     )
     print(
-        f"| model, replay_model (engine slots=1, {model_report.steps_compared} steps compared) "
+        f"| model, replay_model (engine slots={args.slots}, {model_report.steps_compared} steps compared) "
         f"| {model_s:.2f} | {audio_s / model_s:.1f} | {model_report.summary()} |"
     )
     print(

@@ -35,7 +35,8 @@ def parrot_engine(parrot_dir):
 
 @pytest.fixture(scope="module")
 def replay_engine(parrot_dir):
-    return MoshiEngine(load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=1)
+    # The served width (parrot_engine's): kernels, and so a replay's last bits, depend on it.
+    return MoshiEngine(load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=3)
 
 
 @pytest.fixture

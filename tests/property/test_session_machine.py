@@ -344,7 +344,7 @@ class SessionMachine(RuleBasedStateMachine):
                 self._check_every_frame_accounted()
         finally:
             self.loop.stop()
-        replayer = parrot(1)
+        replayer = parrot(SLOTS)  # the served width: kernels, and so the last bits, depend on it
         for s in self.sessions.values():
             s["order"].feed(s["events"])
             assert s["order"].closed

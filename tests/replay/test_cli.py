@@ -49,6 +49,35 @@ def test_a_different_checkpoint_is_refused_unless_forced(corpus, parrot_dir):
     assert forced.returncode == 1 and "DIVERGED at epoch 0 frame 0" in forced.stdout
 
 
+def test_model_replay_runs_at_the_width_the_session_was_served_at(corpus, tiny_dir, parrot_dir):
+    header = read_log(corpus / GREEDY).records[0][1]
+    assert isinstance(header, r.Header) and header.engine["slots"] == 2
+    out = run(str(corpus / GREEDY), "--model")
+    assert out.returncode == 0 and "model replay at batch width 2," in out.stdout, out.stdout + out.stderr
+    # Another width is the user's choice; a divergence then says that the width differs.
+    narrow = run(str(corpus / GREEDY), "--model", "tiny-parrot", "--force", "--batch-width", "1")
+    assert narrow.returncode == 1 and "model replay at batch width 1," in narrow.stdout
+    assert (
+        "(replayed at batch width 1, served at 2: only a replay at the served width is exact)"
+        in narrow.stdout
+    )
+    same = run(str(corpus / GREEDY), "--model", "tiny-parrot", "--force", "--batch-width", "2")
+    assert same.returncode == 1 and "served at" not in same.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--model", "--batch-width", "0"), "must be at least 1, got 0"),
+        (("--model", "--batch-width", "two"), "not a whole number: 'two'"),
+        (("--batch-width", "2"), "--batch-width needs --model"),
+    ],
+)
+def test_a_bad_batch_width_is_refused(corpus, args, message):
+    out = run(str(corpus / GREEDY), *args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
 def test_directory_summary(corpus):
     out = run(str(corpus))
     assert out.returncode == 0, out.stdout

@@ -22,7 +22,14 @@ from ..log import records as r
 from ..model.engine import ModelEngine
 from ..model.errors import ModelError
 from ..session import events as ev
-from .replayer import ReplayReport, UnreadableLog, header_of, replay_logic, replay_model
+from .replayer import (
+    ReplayReport,
+    UnreadableLog,
+    header_of,
+    logged_batch_width,
+    replay_logic,
+    replay_model,
+)
 
 LOG_SUFFIX = ".dlog"
 
@@ -76,13 +83,15 @@ def _write_wav(path: Path, pcm16: bytes) -> None:
 
 
 class EngineCache:
-    """One batch-1 engine per model spec, reused across logs (it is reset per epoch)."""
+    """One engine per (model spec, family, dtype, batch width), reused across logs (it is reset
+    per epoch). The width is the one each log was served at, unless ``batch_width`` overrides it."""
 
-    def __init__(self, spec: str | None, device: str, force: bool) -> None:
+    def __init__(self, spec: str | None, device: str, force: bool, batch_width: int | None = None) -> None:
         self.spec = spec
         self.device = device
         self.force = force
-        self._engines: dict[tuple[str, str, str], ModelEngine] = {}
+        self.batch_width = batch_width
+        self._engines: dict[tuple[str, str, str, int], ModelEngine] = {}
 
     def for_header(self, header: r.Header) -> ModelEngine:
         import torch
@@ -92,10 +101,11 @@ class EngineCache:
         spec = self.spec or header.model_id
         family = (header.engine or {}).get("family")
         dtype = header.dtype or "float32"
-        key = (spec, family or "", dtype)
+        width = self.batch_width or logged_batch_width(header)
+        key = (spec, family or "", dtype, width)
         if key not in self._engines:
             self._engines[key] = open_engine(
-                spec, slots=1, device=self.device, dtype=getattr(torch, dtype), family=family
+                spec, slots=width, device=self.device, dtype=getattr(torch, dtype), family=family
             )
         engine = self._engines[key]
         sha = engine.describe().checkpoint_sha256
@@ -161,6 +171,16 @@ def _collect_s3(url: str, endpoint_url: str | None) -> list[S3Log]:
     return [S3Log(client, location.bucket, key) for key in keys]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="duplex-replay", description=__doc__)
     parser.add_argument(
@@ -176,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         "(no value: the model id in the log's header)",
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--batch-width",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="model replay: run the engine N slots wide (default: the width each log was served at; "
+        "another width is faster or slower, but kernels are chosen by width, so it is not always exact)",
+    )
     parser.add_argument("--force", action="store_true", help="replay even if the checkpoint hash differs")
     parser.add_argument("--emit", type=Path, help="write the outbound event stream as JSON lines")
     parser.add_argument("--wav", type=Path, help="write the output audio as a 24 kHz WAV")
@@ -203,7 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(files) > 1 and (args.emit or args.wav or args.dump):
         print("duplex-replay: --emit, --wav and --dump take a single log", file=sys.stderr)
         return 2
-    engines = EngineCache(args.model or None, args.device, args.force) if args.model is not None else None
+    if args.batch_width is not None and args.model is None:
+        print("duplex-replay: --batch-width needs --model", file=sys.stderr)
+        return 2
+    engines = (
+        EngineCache(args.model or None, args.device, args.force, args.batch_width)
+        if args.model is not None
+        else None
+    )
     status = 0
     rows = []
     started = time.perf_counter()
@@ -240,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(files) == 1 and not args.dump:
         name, level, records, frames, summary = rows[0]
         if level != "-":
-            print(f"{name}: {level} replay, {records} records, frames in/out {frames}: {summary}")
+            at = f" at batch width {report.batch_width}" if report.batch_width is not None else ""
+            print(f"{name}: {level} replay{at}, {records} records, frames in/out {frames}: {summary}")
     elif len(files) > 1:
         width = max(len(row[0]) for row in rows)
         print(f"{'log':<{width}}  level  records  frames in/out  result")

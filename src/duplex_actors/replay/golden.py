@@ -238,11 +238,11 @@ def check(corpus: Path, *, model_level: bool = True) -> list[str]:
     """Replay every golden log; return the problems found (empty: all identical)."""
     from ..log import records as r
     from ..model.factory import open_engine
-    from .replayer import replay_logic, replay_model
+    from .replayer import header_of, logged_batch_width, replay_logic, replay_model
 
     expected = json.loads((corpus / EXPECTED).read_text())
     problems = []
-    engines: dict[tuple[str, str | None], Any] = {}
+    engines: dict[tuple[str, str | None, int], Any] = {}
     for name, want in sorted(expected.items()):
         report = replay_logic(corpus / name)
         end = report.records_list[-1][1]
@@ -253,9 +253,10 @@ def check(corpus: Path, *, model_level: bool = True) -> list[str]:
             if getattr(end, key) != want[key]:
                 problems.append(f"{name}: {key} is {getattr(end, key)}, expected.json says {want[key]}")
         if model_level:
-            key2 = (want["model"], want["family"])
+            width = logged_batch_width(header_of(report))
+            key2 = (want["model"], want["family"], width)
             if key2 not in engines:
-                engines[key2] = open_engine(want["model"], slots=1, family=want["family"])
+                engines[key2] = open_engine(want["model"], slots=width, family=want["family"])
             replay_model(report, engines[key2])
             if not report.identical:
                 problems.append(f"{name}: model replay: {report.summary()}")

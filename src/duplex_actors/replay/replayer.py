@@ -4,10 +4,15 @@
 ``step`` records, and check the outbound event digest and the output-audio digest against the
 ``end`` record. CPU only, no model, thousands of times faster than real time.
 
-*Model*: re-run the real engine (batch 1) on the logged input frames, with the logged resets
+*Model*: re-run the real engine on the logged input frames, with the logged resets
 (alignment pads are zeros in those frames; drained frames are skipped), and compare every
-step's text token and audio codes exactly (output PCM within a tolerance) with the ``step`` records; the first divergent frame is reported (epoch, frame, expected, got).
-Batch invariance (DESIGN §4.4) is what makes a B=1 replay of a batched session meaningful.
+step's text token and audio codes exactly (output PCM within a tolerance) with the ``step``
+records; the first divergent frame is reported (epoch, frame, expected, got).
+
+The engine must have the batch width the session was served at (``logged_batch_width``): a
+slot's results do not depend on its slot index or on what the other slots hold, but the CPU
+kernels are chosen by batch width, and their last bits differ (Mimi latents at B=1 and B=2
+differ by ~1e-7 in every frame, enough to flip a residual code at a near-tie now and then).
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class ReplayReport:
     torn_tail: TornTail | None = None
     digest_mismatch: str | None = None
     divergence: Divergence | None = None
+    batch_width: int | None = None  # the model replay's engine width
+    logged_batch_width: int | None = None  # the width the session was served at
     events: list[ev.SessionEvent] = attrs.field(factory=list, repr=False)
     records_list: list[tuple[int, r.Record]] = attrs.field(factory=list, repr=False)
 
@@ -71,7 +78,13 @@ class ReplayReport:
 
     def summary(self) -> str:
         if self.divergence is not None:
-            return f"DIVERGED at {self.divergence}"
+            hint = ""
+            if self.batch_width != self.logged_batch_width:
+                hint = (
+                    f" (replayed at batch width {self.batch_width}, served at {self.logged_batch_width}:"
+                    " only a replay at the served width is exact)"
+                )
+            return f"DIVERGED at {self.divergence}{hint}"
         if self.digest_mismatch is not None:
             return f"DIVERGED: {self.digest_mismatch}"
         notes = []
@@ -96,6 +109,12 @@ def read_log_file(path: Path | str, data: bytes | None = None) -> ReadResult:
         return read_records(data)
     except LogCorruption as exc:
         raise UnreadableLog(f"{path}: corrupt log: {exc}") from exc
+
+
+def logged_batch_width(header: r.Header) -> int:
+    """The engine's batch width (slots) when the session was served; 1 for a log that does not say."""
+    slots = (header.engine or {}).get("slots", 1)
+    return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1 else 1
 
 
 def _core_for(header: r.Header) -> SessionCore:
@@ -178,10 +197,14 @@ def replay_model(
     *,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
-    """Re-run ``engine`` (slot 0) on the logged inputs; fills ``report.divergence``."""
+    """Re-run ``engine`` (slot 0) on the logged inputs; fills ``report.divergence``.
+
+    Exact only when ``engine.slots`` is the log's :func:`logged_batch_width`."""
     from ..audio import float_to_pcm16
 
     report.level = "model"
+    report.batch_width = engine.slots
+    report.logged_batch_width = logged_batch_width(header_of(report))
     requested: dict[int, Any] = {}
     engine_epoch: int | None = None
     total = sum(1 for _, rec in report.records_list if isinstance(rec, r.Step))
