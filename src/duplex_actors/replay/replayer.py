@@ -65,7 +65,6 @@ class ReplayReport:
     digest_mismatch: str | None = None
     divergence: Divergence | None = None
     batch_width: int | None = None  # the model replay's engine width
-    logged_batch_width: int | None = None  # the width the session was served at
     events: list[ev.SessionEvent] = attrs.field(factory=list, repr=False)
     records_list: list[tuple[int, r.Record]] = attrs.field(factory=list, repr=False)
 
@@ -79,9 +78,10 @@ class ReplayReport:
     def summary(self) -> str:
         if self.divergence is not None:
             hint = ""
-            if self.batch_width != self.logged_batch_width:
+            served = logged_batch_width(header_of(self))
+            if self.batch_width is not None and self.batch_width != served:
                 hint = (
-                    f" (replayed at batch width {self.batch_width}, served at {self.logged_batch_width}:"
+                    f" (replayed at batch width {self.batch_width}, served at {served}:"
                     " only a replay at the served width is exact)"
                 )
             return f"DIVERGED at {self.divergence}{hint}"
@@ -204,7 +204,6 @@ def replay_model(
 
     report.level = "model"
     report.batch_width = engine.slots
-    report.logged_batch_width = logged_batch_width(header_of(report))
     requested: dict[int, Any] = {}
     engine_epoch: int | None = None
     total = sum(1 for _, rec in report.records_list if isinstance(rec, r.Step))
