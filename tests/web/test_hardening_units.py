@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 from typing import Any
 
@@ -124,7 +125,9 @@ async def _read_body_app(scope: dict[str, Any], receive: Any, send: Any) -> None
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def _serve_guarded(limits: Any, dropped: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _serve_guarded(
+    limits: Any, dropped: list[str], app: Any = _read_body_app, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     from duplex_actors.web.hardening import guard_connections, open_connections
 
     guard_connections(limits=limits, on_dropped=dropped.append)
@@ -138,7 +141,7 @@ async def _serve_guarded(limits: Any, dropped: list[str], task_status=trio.TASK_
     hyper.graceful_timeout = 0.1
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: serve(_read_body_app, hyper, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+        nursery.start_soon(lambda: serve(app, hyper, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         with trio.fail_after(10):
             while True:
                 try:
@@ -244,3 +247,71 @@ def test_the_transport_settings_come_from_the_environment_too():
     )
     with pytest.raises(ConfigError, match="DUPLEX_MAX_CONNECTIONS"):
         ServerConfig.from_env({"DUPLEX_MAX_CONNECTIONS": "many"})
+
+
+async def _close_1012_cancelled_at_once(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A WebSocket app that closes with 1012 and ends its stream in a task cancelled 50 ms later.
+    hypercorn closes the connection in whichever task ends the stream (its ``send(None)`` after
+    the app returns: the app's task), and that task can be cancelled (a disconnect, the server's
+    shutdown); ``send(None)`` here is that end, called where the cancellation is ours to time."""
+    if scope["type"] == "lifespan":
+        await _read_body_app(scope, receive, send)
+        return
+    assert (await receive())["type"] == "websocket.connect"
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": 1012})
+    with trio.move_on_after(0.05):
+        await send(None)
+
+
+async def test_a_close_whose_task_is_cancelled_still_lingers_for_a_streaming_client():
+    """The client keeps streaming for 0.3 s after the close frame (a busy client reacts late),
+    then closes its side. Every one of its sends must succeed: the server drops that input until
+    the client's EOF. The close used to wait for the read loop in the app's task, so cancelling
+    that task closed the socket with the input unread: a reset, and the client's send failed."""
+    from duplex_actors.web.hardening import TransportLimits, guard_connections, open_connections
+
+    from ..reliability.conftest import OP_BINARY, OP_CLOSE, RawWS, frame_bytes
+
+    chunk = frame_bytes(OP_BINARY, bytes(3840))
+    sent_after_close = 0
+    send_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            port, stop = await nursery.start(
+                _serve_guarded, TransportLimits(close_linger_s=5.0), [], _close_1012_cancelled_at_once
+            )
+            ws = await RawWS.connect(port, "/")
+            assert ws.status == 101, ws.head
+            close_seen = trio.Event()
+
+            async def stream() -> None:
+                nonlocal sent_after_close, send_error
+                stop_at = math.inf
+                while trio.current_time() < stop_at:
+                    try:
+                        await ws.send(chunk)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        send_error = exc.__cause__ or exc
+                        return
+                    if close_seen.is_set():
+                        sent_after_close += 1
+                        if stop_at == math.inf:
+                            stop_at = trio.current_time() + 0.3
+                    await trio.sleep(0.001)
+                await ws.stream.send_eof()
+
+            async with trio.open_nursery() as client:
+                client.start_soon(stream)
+                await ws.recv_until(lambda frame: frame[0] == OP_CLOSE, timeout=5)
+                close_seen.set()
+            await ws.read_to_eof(timeout=5)
+            await ws.aclose()
+            with trio.fail_after(5):
+                while open_connections() > 0:
+                    await trio.sleep(0.01)
+            stop.set()
+    finally:
+        guard_connections()
+    assert ws.close_code == 1012
+    assert send_error is None and sent_after_close >= 10, (send_error, sent_after_close)
