@@ -141,7 +141,7 @@ async def _serve_guarded(
     hyper.graceful_timeout = 0.1
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: serve(app, hyper, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+        nursery.start_soon(lambda: serve(app, hyper, shutdown_trigger=stop.wait))
         with trio.fail_after(10):
             while True:
                 try:
