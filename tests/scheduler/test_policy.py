@@ -47,6 +47,7 @@ def assert_decision(got: StepNow | WaitUntil, want: StepNow | WaitUntil) -> None
     if isinstance(want, WaitUntil):
         assert isinstance(got, WaitUntil)
         assert got.at == pytest.approx(want.at, abs=1e-9), (got, want)
+        assert got.held_tick == want.held_tick, (got, want)
     else:
         assert isinstance(got, StepNow)
         assert (got.slots, got.kind) == (want.slots, want.kind), (got, want)
@@ -585,10 +586,11 @@ def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() 
     policy = GridPolicy()
     was = SlotState(streak=10, seen=True, last_completed=75 * MS)
     state = grid_state(0, 2, was, was, was)
+    # The held tick (its n, 2) is named: the shell tells the aligners (a shared stall).
     v = view(slot(0, 155), slot(1), slot(2), steps_ms=(30,) * 8, state=state)
-    assert_decision(policy.decide(160 * MS, v), WaitUntil(200 * MS))
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(200 * MS, held_tick=2))
     slow = view(slot(0, 155), slot(1), slot(2), steps_ms=(40,) * 8, state=state)
-    assert_decision(policy.decide(160 * MS, slow), WaitUntil(198 * MS))
+    assert_decision(policy.decide(160 * MS, slow), WaitUntil(198 * MS, held_tick=2))
     # They come 8 ms late: all three stepped as tick 160's.
     v = view(slot(0, 155), slot(1, 168), slot(2, 168), steps_ms=(30,) * 8, state=state)
     assert_decision(policy.decide(168 * MS, v), StepNow((0, 1, 2), "tick", 160 * MS))
@@ -612,7 +614,7 @@ def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() 
     assert_decision(policy.decide(160 * MS, v), StepNow((0,), "tick", 160 * MS))
     new = SlotState(streak=1, seen=True, last_completed=75 * MS, interval=20 * MS)
     v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, new, new), steps_ms=(30,) * 8)
-    assert_decision(policy.decide(160 * MS, v), WaitUntil(200 * MS))
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(200 * MS, held_tick=2))
 
 
 def test_grid_a_padded_frame_of_a_slot_already_behind_is_owed_nothing() -> None:

@@ -193,3 +193,32 @@ async def test_grid_is_the_grid_policys_origin_and_period(autojump_clock):
     assert grid.origin == pytest.approx(t0 + 0.031 + 0.010)
     on_grid = [c for c in steps(engine) if abs((c[2] - grid.origin) / TICK % 1.0 - 0.5) > 0.5 - 1e-6]
     assert len(on_grid) == len(steps(engine)) - sched.statistics().catchup_steps >= 5
+
+
+async def test_a_tick_held_for_frames_late_together_is_in_the_grid_the_aligners_see(autojump_clock):
+    # Three sessions on cadence; frame 10 of two of them comes 20 ms late (a shared stall): the
+    # tick waits for them, and the grid names it, so their aligners do not raise their margins.
+    engine = SlowEngine(3, 0.020)
+    sched = Scheduler(engine, clock=VIRTUAL_TIME, policy=make_policy("grid"))
+
+    async def late_stream(slot: int, phase: float, t0: float, late_at: int | None) -> None:
+        for k in range(16):
+            await trio.sleep_until(t0 + phase + k * TICK + (0.020 if k == late_at else 0.0))
+            sched.submit_nowait(slot, k, frame(k))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        slots = [sched.admit(Sink()) for _ in range(3)]
+        t0 = trio.current_time()
+        async with trio.open_nursery() as senders:
+            for slot, phase, late_at in zip(slots, (0.0, 0.002, 0.004), (None, 10, 10), strict=True):
+                senders.start_soon(late_stream, slot, phase, t0, late_at)
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    grid = sched.grid()
+    assert grid is not None
+    # Frame 10 of the late sessions was due (jitter-free) at t0 + 0.8 s + 2-4 ms: its tick.
+    tick = grid.tick_at_or_after(t0 + 10 * TICK + 0.004)
+    assert grid.held == {tick}
+    # It was stepped with its tick's frames, not left for a catch-up or the next tick.
+    assert sched.statistics().catchup_steps == 1  # the first frame's only

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 # Step-duration histogram buckets (seconds), aligned to the 80 ms frame budget.
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf"))
+# How many held ticks the aligners are told about: a late frame asks about its own tick, a
+# tick or two after it was held.
+HELD_TICKS_KEPT = 16
 # Frame-wait histogram buckets (seconds): a frame complete -> its step starts (0-80 ms on a grid).
 WAIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.32, float("inf"))
 
@@ -111,6 +114,10 @@ class Scheduler:
         self.policy: TickPolicy = policy or WindowPolicy(max_batch_wait_ms=max_batch_wait_ms)
         self._policy_state = PolicyState()
         self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)
+        # The grid ticks most recently held for frames late together (a shared stall), and the
+        # grid as the aligners see it (rebuilt when either changes, not per append).
+        self._held_ticks: deque[int] = deque(maxlen=HELD_TICKS_KEPT)
+        self._grid: Grid | None = None
         self.table = SlotTable(engine.slots)
         self._wake = trio.Event()
         self._released: dict[int, trio.Event] = {}
@@ -200,12 +207,21 @@ class Scheduler:
         await done.wait()
 
     def grid(self) -> Grid | None:
-        """The grid policy's ticks (origin, period) once its first tick is booked; None for the
-        window and deadline policies, which have no grid, and before the first tick."""
+        """The grid policy's ticks (origin, period, the ticks recently held for a shared stall)
+        once its first tick is booked; None for the window and deadline policies, which have
+        no grid, and before the first tick."""
         origin = self._policy_state.origin
         if not isinstance(self.policy, GridPolicy) or origin is None:
             return None
-        return Grid(origin=origin, period=self.policy.tick)
+        grid = self._grid
+        if grid is None or grid.origin != origin:
+            grid = self._grid = Grid(origin=origin, period=self.policy.tick, held=frozenset(self._held_ticks))
+        return grid
+
+    def _tick_held(self, tick: int) -> None:
+        if not self._held_ticks or self._held_ticks[-1] != tick:  # decide asks again while held
+            self._held_ticks.append(tick)
+            self._grid = None
 
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(
@@ -295,6 +311,8 @@ class Scheduler:
             decision = self.policy.decide(self.clock.now(), view)
             if isinstance(decision, StepNow):
                 return view, decision
+            if decision.held_tick is not None:
+                self._tick_held(decision.held_tick)
             if math.isinf(decision.at):
                 await self._wake.wait()
             else:

@@ -200,9 +200,12 @@ class StepNow:
 
 @attrs.frozen(slots=True)
 class WaitUntil:
-    """Nothing to step before ``at`` (``math.inf``: until a frame arrives or a reset is ready)."""
+    """Nothing to step before ``at`` (``math.inf``: until a frame arrives or a reset is ready).
+    ``held_tick``: the grid tick held open for frames late together (``GridPolicy._hold_until``):
+    a stall shared by most sessions, which the shell tells the aligners about (``Grid.held``)."""
 
     at: float
+    held_tick: int | None = None
 
 
 Decision = StepNow | WaitUntil
@@ -484,7 +487,9 @@ class GridPolicy:
             due = self.tick_time(state, state.next_tick)
         if now >= due - EPS:
             held = self._hold_until(state, view, due, now)
-            return StepNow(slots, "tick", due) if held is None else WaitUntil(held)
+            if held is None:
+                return StepNow(slots, "tick", due)
+            return WaitUntil(held, held_tick=None if state.origin is None else state.next_tick)
         wake = due
         estimate = self._estimate(view)
         if estimate is not None:

@@ -36,7 +36,9 @@ move with it; more than the margin is *drift*). The margin becomes the ``latenes
 stay under 1 %) of the lateness relative to that minimum + 2 ms, clamped to ``[margin_min_ms,
 margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (the scheduler's
 catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
-with it (``STALL_JOIN_S``). The margin is raised only when frames came later than it allows in
+with it (``STALL_JOIN_S``); so is the lateness of a frame whose tick the scheduler held open
+because most sessions' frames were late together (``Grid.held``): a stall they shared (the
+server's loop, the host, the clients' own process), which the held tick absorbs. The margin is raised only when frames came later than it allows in
 two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the
 one before: a single burst is a stall, most often of the whole server (every session late at
 once), and a margin raised for it would add its wait to every later frame of the session. It
@@ -85,10 +87,16 @@ _EPS: Final = 1e-6
 
 @attrs.frozen(slots=True)
 class Grid:
-    """The scheduler's tick grid: tick n at ``origin + n * period`` (seconds)."""
+    """The scheduler's tick grid: tick n at ``origin + n * period`` (seconds). ``held``: recent
+    ticks (their n) the scheduler held open because most sessions' frames were late together."""
 
     origin: float
     period: float = 0.080
+    held: frozenset[int] = frozenset()
+
+    def tick_at_or_after(self, t: float) -> int:
+        """The n of the first tick at or after ``t``."""
+        return math.ceil((t - self.origin) / self.period - _EPS)
 
 
 @attrs.frozen(slots=True)
@@ -237,7 +245,7 @@ class Aligner:
             self._window.append(late)
             if late * 1000 > self.margin_max_ms:
                 self._stall_at = now
-            elif now - self._stall_at > STALL_JOIN_S:
+            elif now - self._stall_at > STALL_JOIN_S and not self._shared(grid, now - late):
                 self._coverable.append(late)
         # Decide only at the first append of a frame (the previous frame completed before it):
         # a pad there moves this frame's own completion, so no frame completes at the old
@@ -251,6 +259,11 @@ class Aligner:
         return None
 
     # -- internals --------------------------------------------------------------------------------
+    def _shared(self, grid: Grid | None, completes_at: float) -> bool:
+        """Was the tick a frame due to complete at ``completes_at`` (jitter-free) was meant for
+        held for most sessions' frames: its lateness a stall they shared, not this session's?"""
+        return grid is not None and bool(grid.held) and grid.tick_at_or_after(completes_at) in grid.held
+
     def _see_chunk(self, samples: int) -> None:
         if self._chunk is None:
             self._chunk = samples
