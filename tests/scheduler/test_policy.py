@@ -50,7 +50,7 @@ def assert_decision(got: StepNow | WaitUntil, want: StepNow | WaitUntil) -> None
         assert got.held_tick == want.held_tick, (got, want)
     else:
         assert isinstance(got, StepNow)
-        assert (got.slots, got.kind) == (want.slots, want.kind), (got, want)
+        assert (got.slots, got.kind, got.riders) == (want.slots, want.kind, want.riders), (got, want)
         if want.tick_at is None:
             assert got.tick_at is None
         else:
@@ -261,6 +261,18 @@ GRID_CASES = [
         WaitUntil(1200 * MS),
     ),
     (
+        "a slot owed a catch-up whose budget is spent rides along one another slot calls for",
+        1165,
+        view(
+            slot(0, 1163),
+            slot(1, 1150),
+            slot(2, 1164),
+            steps_ms=(30,) * 5,
+            state=grid_state(0, 15, SlotState(debt=1, catchups=(0.9, 1.1), seen=True), OWED, STEADY),
+        ),
+        StepNow((0, 1), "catchup", riders=(0,)),
+    ),
+    (
         "catch-up budget frees before the last start that fits: wake then",
         1165,
         view(
@@ -429,6 +441,19 @@ def test_grid_catch_up_spends_debt_and_budget_and_a_miss_right_after_is_phase() 
     assert isinstance(step, StepNow)
     state = policy.after_step(state, v, step, 240 * MS)
     assert state.slots[0].debt == 0
+
+
+def test_grid_a_rider_pays_its_debt_but_spends_no_budget() -> None:
+    policy = GridPolicy()
+    spent = SlotState(debt=1, catchups=(0.9, 1.1), seen=True, streak=5)
+    state = grid_state(0, 15, spent, OWED, STEADY)
+    v = view(slot(0, 1163), slot(1, 1150), slot(2, 1164), steps_ms=(30,) * 5, state=state)
+    step = policy.decide(1165 * MS, v)
+    assert isinstance(step, StepNow) and step.riders == (0,)
+    after = policy.after_step(state, v, step, 1165 * MS)
+    assert (after.slots[0].debt, after.slots[0].catchups) == (0, (0.9, 1.1))
+    assert (after.slots[1].debt, after.slots[1].catchups) == (0, (1.165,))
+    assert after.slots[2] == STEADY and after.catchup_steps == 1
 
 
 def test_grid_slot_leaving_or_resetting_forgets_its_cadence() -> None:

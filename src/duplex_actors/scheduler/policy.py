@@ -196,6 +196,9 @@ class StepNow:
     kind: StepKind = "window"
     # The grid tick this step serves (``tick`` and ``early`` steps); None otherwise.
     tick_at: float | None = None
+    # Of ``slots``, in a catch-up: those owed one whose budget is spent. They did not call
+    # for the step (it spends none of their budget); it costs the whole batch anyway.
+    riders: tuple[int, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -509,7 +512,10 @@ class GridPolicy:
                     free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
             if catchup and (now <= latest_start or self._overrun_allowed(state, view, now, due)):
-                return StepNow(catchup, "catchup")
+                # The step costs the whole batch: every slot owed a catch-up rides along, its
+                # budget spent or not (the budget bounds the steps a slot calls for).
+                riders = tuple(i for i, t in free_at.items() if t > now)
+                return StepNow(tuple(sorted(free_at)), "catchup", riders=riders)
             later = min((t for t in free_at.values() if t > now), default=math.inf)
             if later <= latest_start:
                 wake = later
@@ -550,8 +556,10 @@ class GridPolicy:
             start = {s.index: self._start_backlog(s, started) for s in view.slots if s.index in stepped}
             for i in stepped:
                 st = slots[i]
-                # An ``ahead`` step spends no catch-up budget: it served every session.
-                recent = (*(t for t in st.catchups if t > started - 1.0), started) if catchup else st.catchups
+                # An ``ahead`` step spends no catch-up budget: it served every session; nor does
+                # a ride along a catch-up another slot called for.
+                called = catchup and i not in step.riders
+                recent = (*(t for t in st.catchups if t > started - 1.0), started) if called else st.catchups
                 if not st.seen:
                     start_backlog, debt = start[i], st.debt
                 elif st.start_backlog > 0:
