@@ -622,9 +622,19 @@ def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() 
     # The grace gone by, the tick goes with what it has.
     v = view(slot(0, 155), slot(1), slot(2), steps_ms=(30,) * 8, state=state)
     assert_decision(policy.decide(200 * MS, v), StepNow((0,), "tick", 160 * MS))
-    # One of three late is left to the catch-ups; so is a slot whose next frame is not due by
-    # this tick (it was caught up ahead, or completes just after the ticks).
+    # One of three late (a straggler: the tail of the burst of aligned appends) is waited for
+    # 8 ms, not named a shared stall; then left to the catch-ups. A slot whose next frame is not
+    # due by this tick (it was caught up ahead, or completes just after the ticks) is not.
     v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(30,) * 8, state=state)
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(168 * MS))
+    assert_decision(policy.decide(168 * MS, v), StepNow((0, 1), "tick", 160 * MS))
+    v = view(slot(0, 155), slot(1, 156), slot(2, 162), steps_ms=(30,) * 8, state=state)
+    assert_decision(policy.decide(162 * MS, v), StepNow((0, 1, 2), "tick", 160 * MS))
+    # Never past the last start that ends before the next tick: 240 - 75 - 2 = 163 with 75 ms
+    # steps, none at all with 78 ms ones.
+    v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(75,) * 8, state=state)
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(163 * MS))
+    v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(78,) * 8, state=state)
     assert_decision(policy.decide(160 * MS, v), StepNow((0, 1), "tick", 160 * MS))
     ahead = SlotState(streak=10, seen=True, last_completed=155 * MS)
     v = view(slot(0, 155), slot(1), slot(2), state=grid_state(0, 2, was, ahead, ahead), steps_ms=(30,) * 8)

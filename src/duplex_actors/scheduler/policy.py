@@ -31,7 +31,8 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   must start. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all
   came a little late (a stall of the loop or the network) are stepped late as that tick's, not
   owed as debts; so is a tick most of whose slots on cadence have no frame yet, while its step
-  still ends before the next tick (``_hold_until``). A slot the catch-ups
+  still ends before the next tick (``_hold_until``), and, ``straggler_grace_ms``, one a few
+  of them are missing for. A slot the catch-ups
   cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
   ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
   drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
@@ -322,6 +323,11 @@ class GridPolicy:
     # more for every frame until a catch-up comes. 0 turns overruns off.
     overrun_interval_ms: float = 80.0
     late_tick_grace_ms: float = 40.0
+    # A tick a few slots on cadence have no frame for yet is held this long for them (their
+    # frames are on the way: the tail of the burst the aligned sessions' appends make at the
+    # tick): a wait of a few ms for the others, where a frame that misses its tick costs a
+    # catch-up step or a whole tick. Most of them missing: ``late_tick_grace_ms``.
+    straggler_grace_ms: float = 8.0
     name: str = "grid"
 
     @property
@@ -445,8 +451,11 @@ class GridPolicy:
             return False
         return now + 2 * estimate + self.guard_ms / 1000 <= due + self.tick + EPS
 
-    def _hold_until(self, state: PolicyState, view: SchedulerView, due: float, now: float) -> float | None:
-        """Until when the tick ``due`` waits for its frames (None: step it now).
+    def _hold_until(
+        self, state: PolicyState, view: SchedulerView, due: float, now: float
+    ) -> tuple[float, bool] | None:
+        """Until when the tick ``due`` waits for its frames, and whether most of its slots on
+        cadence are late (a stall they share); None: step it now.
 
         A tick most of whose slots on cadence (stepped at their last regular tick) have no frame
         yet, though by their cadence it was due, is held for them, within the late grace and
@@ -455,7 +464,10 @@ class GridPolicy:
         stepping the few that came alone would leave the rest a catch-up (a full step) to wait
         for, or a tick more. A slot that misses the tick is off cadence until its next tick, so a
         pause holds at most one tick; a client whose frames are 100 ms apart is not expected
-        at the ticks it skips.
+        at the ticks it skips. A tick only a few such slots are missing for is held
+        ``straggler_grace_ms``: aligned sessions send at nearly the same instant, and the
+        server reads that burst of appends one by one (at N=24, the last ~5 ms after the
+        first), so its tail would miss the tick by a millisecond and wait a whole tick.
         """
         on_cadence = missing = 0
         for s in view.slots:
@@ -466,13 +478,14 @@ class GridPolicy:
                 # of it, or whose phase is just after the ticks, is not).
                 cadence = max(self.tick, st.interval or 0.0)
                 missing += not s.frames and st.last_completed + cadence <= due + EPS
-        if on_cadence < 2 or 2 * missing <= on_cadence:
+        if not missing:
             return None
-        until = due + self.late_tick_grace_ms / 1000
+        shared = on_cadence >= 2 and 2 * missing > on_cadence
+        until = due + (self.late_tick_grace_ms if shared else self.straggler_grace_ms) / 1000
         estimate = self._estimate(view)
         if estimate is not None:
             until = min(until, self._latest_start(due + self.tick, estimate))
-        return until if now < until - EPS else None
+        return (until, shared) if now < until - EPS else None
 
     def decide(self, now: float, view: SchedulerView) -> Decision:
         steppable, waiting = _waiting(view)
@@ -492,7 +505,10 @@ class GridPolicy:
             held = self._hold_until(state, view, due, now)
             if held is None:
                 return StepNow(slots, "tick", due)
-            return WaitUntil(held, held_tick=None if state.origin is None else state.next_tick)
+            until, shared = held
+            return WaitUntil(
+                until, held_tick=state.next_tick if shared and state.origin is not None else None
+            )
         wake = due
         estimate = self._estimate(view)
         if estimate is not None:
