@@ -609,7 +609,7 @@ def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() 
     # came (a stall held the other two): the tick waits for them, at most the late grace and
     # never past the last start that ends before the next tick (240 - 30 - 2 = 208).
     policy = GridPolicy()
-    was = SlotState(streak=10, seen=True, last_completed=75 * MS)
+    was = SlotState(streak=10, seen=True, last_completed=75 * MS, interval=80 * MS)
     state = grid_state(0, 2, was, was, was)
     # The held tick (its n, 2) is named: the shell tells the aligners (a shared stall).
     v = view(slot(0, 155), slot(1), slot(2), steps_ms=(30,) * 8, state=state)
@@ -630,6 +630,13 @@ def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() 
     assert_decision(policy.decide(168 * MS, v), StepNow((0, 1), "tick", 160 * MS))
     v = view(slot(0, 155), slot(1, 156), slot(2, 162), steps_ms=(30,) * 8, state=state)
     assert_decision(policy.decide(162 * MS, v), StepNow((0, 1, 2), "tick", 160 * MS))
+    # Not one whose frames do not come a tick apart (30 ms chunks complete them 60 or 90 ms
+    # apart, and one would hold every tick its frame falls just after).
+    irregular = SlotState(streak=10, seen=True, last_completed=75 * MS, interval=60 * MS)
+    v = view(
+        slot(0, 155), slot(1, 156), slot(2), steps_ms=(30,) * 8, state=grid_state(0, 2, was, was, irregular)
+    )
+    assert_decision(policy.decide(160 * MS, v), StepNow((0, 1), "tick", 160 * MS))
     # Never past the last start that ends before the next tick: 240 - 75 - 2 = 163 with 75 ms
     # steps, none at all with 78 ms ones.
     v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(75,) * 8, state=state)

@@ -244,6 +244,18 @@ def test_lateness_of_a_tick_held_for_every_session_does_not_raise_the_margin() -
     assert aligner.margin_ms == pytest.approx(22.0)
 
 
+def test_lateness_most_frames_share_is_the_sessions_phase_and_raises_the_margin_at_once() -> None:
+    # From 2 s on every frame comes 8 ms late (the tail of the burst of aligned appends): not
+    # a stall but where this session's frames arrive. The recheck at 5 s raises the margin to
+    # 10 ms at once (a stall needs a burst in two windows), held ticks or not.
+    delays = [0.0] * 25 + [0.008] * 45
+    for held in (frozenset(), frozenset(range(25, 70))):
+        aligner = Aligner(mode="client")
+        run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays, held=held)
+        assert aligner.margin_ms == pytest.approx(10.0), held
+        assert [d.reason for _, d in run.decisions] == ["start", "margin"]
+
+
 def test_total_pad_is_bounded_then_unaligned() -> None:
     # A pause of 37 ms every ~4 s moves the phase each check: re-aligned each time until the
     # next pad would pass the bound; from then on nothing.

@@ -64,6 +64,8 @@ TICK_MS: Final = 80.0
 # and frame times come from another clock reading, so float noise must not skip a tick.
 EPS: Final = 1e-9
 
+# Frames this close (seconds) to a tick apart are a regular cadence (a straggler is waited for).
+REGULAR_S: Final = 0.004
 # How many recent step durations a shell should keep for the estimates (p90).
 RECENT_STEPS: Final = 32
 # How many of them an overrun's estimate looks at (their median).
@@ -469,7 +471,7 @@ class GridPolicy:
         server reads that burst of appends one by one (at N=24, the last ~5 ms after the
         first), so its tail would miss the tick by a millisecond and wait a whole tick.
         """
-        on_cadence = missing = 0
+        on_cadence = missing = stragglers = 0
         for s in view.slots:
             st = state.slot(s.index)
             if s.steppable and st.streak >= 1 and st.last_completed is not None:
@@ -477,10 +479,16 @@ class GridPolicy:
                 # Missing: its next frame was due to complete by this tick (one caught up ahead
                 # of it, or whose phase is just after the ticks, is not).
                 cadence = max(self.tick, st.interval or 0.0)
-                missing += not s.frames and st.last_completed + cadence <= due + EPS
-        if not missing:
-            return None
+                if not s.frames and st.last_completed + cadence <= due + EPS:
+                    missing += 1
+                    # A straggler: its frames come a tick apart (an aligned session). Chunks
+                    # that do not divide the tick (30 ms) complete frames 60 or 90 ms apart,
+                    # and would hold a tick whenever a frame of theirs falls just after it.
+                    interval = st.interval
+                    stragglers += interval is not None and abs(interval - self.tick) <= REGULAR_S
         shared = on_cadence >= 2 and 2 * missing > on_cadence
+        if not shared and not stragglers:
+            return None
         until = due + (self.late_tick_grace_ms if shared else self.straggler_grace_ms) / 1000
         estimate = self._estimate(view)
         if estimate is not None:

@@ -38,10 +38,14 @@ margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (
 catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
 with it (``STALL_JOIN_S``); so is the lateness of a frame whose tick the scheduler held open
 because most sessions' frames were late together (``Grid.held``): a stall they shared (the
-server's loop, the host, the clients' own process), which the held tick absorbs. The margin is raised only when frames came later than it allows in
+server's loop, the host, the clients' own process), which the held tick absorbs, unless such
+frames are much of the window (``SYSTEMATIC_SHARE``): aligned sessions send at nearly one instant
+and the server reads that burst one append at a time, so its tail is late at every tick, which
+is those sessions' phase and what their margins must cover. The margin is raised only when frames came later than it allows in
 two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the
 one before: a single burst is a stall, most often of the whole server (every session late at
-once), and a margin raised for it would add its wait to every later frame of the session. It
+once), and a margin raised for it would add its wait to every later frame of the session; late
+frames that are much of the window (``SYSTEMATIC_SHARE``) raise it at once. It
 re-aligns (reason "drift" or "margin") when frames would complete later than the margin allows
 (a few ms of pad), or more than one pad granule plus ``realign_gain_ms`` earlier than needed
 (moving them later costs a pad of nearly 80 ms and one extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
@@ -82,6 +86,15 @@ STALL_JOIN_S: Final = 0.002
 # Late frames at most this many frames apart (~1 s) are one burst: one stall of the server or
 # the path, which may release and stall again.
 BURST_GAP: Final = 12
+# Late frames that are at least this share of a recheck's window (and at least MIN_WINDOW of
+# them) are how the session's frames arrive, not a stall.
+SYSTEMATIC_SHARE: Final = 0.25
+
+
+def _systematic(late: int, window: int) -> bool:
+    return late >= MIN_WINDOW and late >= SYSTEMATIC_SHARE * window
+
+
 _EPS: Final = 1e-6
 
 
@@ -175,7 +188,9 @@ class Aligner:
         self._anchor: float | None = None  # a jitter-free frame completion time (mod period)
         self._due = False  # an alignment is owed at the next first append of a frame
         self._window: list[float] = []  # lateness (s) of frames since the last check
-        self._coverable: list[float] = []  # of those, the ones not part of a stall
+        # Of those, the ones not part of a stall beyond margin_max_ms, each with whether its
+        # tick was held for most sessions (a stall they shared).
+        self._coverable: list[tuple[float, bool]] = []
         self._stall_at = -math.inf  # when the last frame later than margin_max_ms arrived
         self._bursts_before = 0  # bursts past the margin in the window before the last check
         self._next_check = math.inf
@@ -245,8 +260,8 @@ class Aligner:
             self._window.append(late)
             if late * 1000 > self.margin_max_ms:
                 self._stall_at = now
-            elif now - self._stall_at > STALL_JOIN_S and not self._shared(grid, now - late):
-                self._coverable.append(late)
+            elif now - self._stall_at > STALL_JOIN_S:
+                self._coverable.append((late, self._shared(grid, now - late)))
         # Decide only at the first append of a frame (the previous frame completed before it):
         # a pad there moves this frame's own completion, so no frame completes at the old
         # phase after another completed at the new one (two frames for one tick).
@@ -303,15 +318,21 @@ class Aligner:
         self._base += shift
         self._anchor += shift
         old = self._margin_ms
-        lateness = [x - shift for x in coverable]
+        # Lateness in ticks held for every session is a stall they shared, left out, unless
+        # it is most of what the window saw (the aligned sessions' appends arrive as a burst
+        # whose tail is late every tick: that is this session's phase, which the margin covers).
+        shared = sum(1 for _, held in coverable if held)
+        systematic = _systematic(shared, len(window))
+        lateness = [x - shift for x, held in coverable if systematic or not held]
         self._margin_ms = self._margin_from(lateness)
         if self._margin_ms > old + _EPS:
             # Frames the old margin left short, grouped in bursts (BURST_GAP): one
             # burst in two windows is a stall (most often the whole server's: every session is
             # late at once), which a margin raised for good would charge every later frame for.
+            # Late frames that are much of the window are no stall: the margin rises now.
             late_at = [i for i, x in enumerate(lateness) if x * 1000 + 2.0 > old + _EPS]
             bursts = sum(1 for k, i in enumerate(late_at) if k == 0 or i - late_at[k - 1] > BURST_GAP)
-            if bursts + self._bursts_before < 2:
+            if bursts + self._bursts_before < 2 and not _systematic(len(late_at), len(window)):
                 short = set(late_at)
                 kept = [x for i, x in enumerate(lateness) if i not in short]
                 self._margin_ms = min(old, self._margin_from(kept))
