@@ -18,7 +18,7 @@ import trio.testing
 from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.model.engine import EngineDescription, SessionPrompt, StepOutput
 from duplex_actors.model.family import MoshiFamily
-from duplex_actors.scheduler.actor import ResourceExhausted, Scheduler
+from duplex_actors.scheduler.actor import RELEASE_DEFER_S, ResourceExhausted, Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME, Threads
 
 
@@ -145,6 +145,25 @@ async def test_admission_refusal_and_release_after_reset(autojump_clock):
         assert len(resets) == 2  # the session's own reset, and the reset before freeing
         assert sched.table.free == 1
         sched.admit(Sink())
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_released_slots_reset_waits_for_the_step_the_others_are_due(autojump_clock):
+    # Three sessions end as the fourth's frame is due: its step comes first, then the three
+    # resets (one engine call each); a slot is freed at most RELEASE_DEFER_S later.
+    async with trio.open_nursery() as nursery:
+        engine, sched = await start(nursery, slots=4)
+        slots = [sched.admit(Sink()) for _ in range(4)]
+        async with trio.open_nursery() as ending:
+            for slot in slots[:3]:
+                ending.start_soon(sched.release, slot)
+            await trio.sleep(0)  # they are releasing before the frame comes
+            t0 = trio.current_time()
+            sched.submit_nowait(slots[3], 0, frame(0))
+        calls = [(c[0], c[1]) for c in engine.calls]
+        assert calls == [("step", (slots[3],)), *(("reset", s) for s in slots[:3])], calls
+        assert trio.current_time() - t0 <= RELEASE_DEFER_S
+        assert sched.table.free == 3
         nursery.cancel_scope.cancel()
 
 

@@ -50,6 +50,8 @@ STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf
 # How many held ticks the aligners are told about: a late frame asks about its own tick, a
 # tick or two after it was held.
 HELD_TICKS_KEPT = 16
+# How long a released slot's reset may wait for the steps the policy decides (seconds).
+RELEASE_DEFER_S = 0.2
 # Frame-wait histogram buckets (seconds): a frame complete -> its step starts (0-80 ms on a grid).
 WAIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.32, float("inf"))
 
@@ -121,6 +123,7 @@ class Scheduler:
         self.table = SlotTable(engine.slots)
         self._wake = trio.Event()
         self._released: dict[int, trio.Event] = {}
+        self._releasing_since: dict[int, float] = {}  # slot -> when its occupant released it
         self._ready_resets: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._prepare_limiter = trio.Lock()
@@ -201,6 +204,7 @@ class Scheduler:
         entry = self.table.slots[slot]
         done = self._released.setdefault(slot, trio.Event())
         entry.releasing = True
+        self._releasing_since.setdefault(slot, self.clock.now())
         self._wake.set()
         if self.failed is not None:
             self._free(entry)
@@ -274,11 +278,18 @@ class Scheduler:
         # A slot with any pending reset waits: its queued frames belong to the new epoch.
         return entry.active and entry.pending_reset is None
 
-    def _needs_admin(self) -> bool:
-        return any(
-            e.releasing or (e.pending_reset is not None and e.index in self._ready_resets)
-            for e in self.table.slots
-        )
+    def _needs_admin(self, stepping: bool) -> bool:
+        """Resets are due: a prepared prompt's, or a released slot's. A released slot's waits
+        for the step the policy decided (``stepping``), up to RELEASE_DEFER_S: sessions that end
+        together (the end of a load, a drain) would otherwise put a reset each, one engine call
+        apiece, before the tick of the sessions that go on."""
+        if any(e.pending_reset is not None and e.index in self._ready_resets for e in self.table.slots):
+            return True
+        if not self._releasing_since:
+            return False
+        if not stepping:
+            return True
+        return self.clock.now() - min(self._releasing_since.values()) >= RELEASE_DEFER_S
 
     def _view(self) -> SchedulerView:
         # The policies read a slot's two oldest completion times (the queue is in completion
@@ -305,10 +316,10 @@ class Scheduler:
     async def _wait_for_work(self) -> tuple[SchedulerView, StepNow] | None:
         """The next step (with the view it was decided on), or None when resets are due."""
         while True:
-            if self._needs_admin():
-                return None
             view = self._view()
             decision = self.policy.decide(self.clock.now(), view)
+            if self._needs_admin(stepping=isinstance(decision, StepNow)):
+                return None
             if isinstance(decision, StepNow):
                 return view, decision
             if decision.held_tick is not None:
@@ -371,6 +382,7 @@ class Scheduler:
 
     def _free(self, entry: Slot) -> None:
         self._ready_resets.discard(entry.index)
+        self._releasing_since.pop(entry.index, None)
         self.table.free_slot(entry)
         done = self._released.pop(entry.index, None)
         if done is not None:
