@@ -37,6 +37,7 @@ from .policy import (
     SlotView,
     StepNow,
     TickPolicy,
+    WaitUntil,
     WindowPolicy,
 )
 from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
@@ -50,8 +51,10 @@ STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf
 # How many held ticks the aligners are told about: a late frame asks about its own tick, a
 # tick or two after it was held.
 HELD_TICKS_KEPT = 16
-# How long a released slot's reset may wait for the steps the policy decides (seconds).
+# How long a released slot's reset may wait for the steps the policy decides (seconds), and
+# the least wait before the next step in which one is applied (about one reset's cost).
 RELEASE_DEFER_S = 0.2
+RELEASE_SLACK_S = 0.01
 # Frame-wait histogram buckets (seconds): a frame complete -> its step starts (0-80 ms on a grid).
 WAIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.32, float("inf"))
 
@@ -278,18 +281,20 @@ class Scheduler:
         # A slot with any pending reset waits: its queued frames belong to the new epoch.
         return entry.active and entry.pending_reset is None
 
-    def _needs_admin(self, stepping: bool) -> bool:
+    def _needs_admin(self, decision: StepNow | WaitUntil) -> bool:
         """Resets are due: a prepared prompt's, or a released slot's. A released slot's waits
-        for the step the policy decided (``stepping``), up to RELEASE_DEFER_S: sessions that end
-        together (the end of a load, a drain) would otherwise put a reset each, one engine call
-        apiece, before the tick of the sessions that go on."""
+        while the policy has a step due or due within RELEASE_SLACK_S, up to RELEASE_DEFER_S,
+        and they are applied one per round (``_apply_resets``): sessions that end together (the
+        end of a load, a drain) would otherwise put a reset each, one engine call apiece,
+        before the tick of the sessions that go on."""
         if any(e.pending_reset is not None and e.index in self._ready_resets for e in self.table.slots):
             return True
         if not self._releasing_since:
             return False
-        if not stepping:
+        now = self.clock.now()
+        if isinstance(decision, WaitUntil) and decision.at - now >= RELEASE_SLACK_S:
             return True
-        return self.clock.now() - min(self._releasing_since.values()) >= RELEASE_DEFER_S
+        return now - min(self._releasing_since.values()) >= RELEASE_DEFER_S
 
     def _view(self) -> SchedulerView:
         # The policies read a slot's two oldest completion times (the queue is in completion
@@ -318,7 +323,7 @@ class Scheduler:
         while True:
             view = self._view()
             decision = self.policy.decide(self.clock.now(), view)
-            if self._needs_admin(stepping=isinstance(decision, StepNow)):
+            if self._needs_admin(decision):
                 return None
             if isinstance(decision, StepNow):
                 return view, decision
@@ -347,14 +352,17 @@ class Scheduler:
                     entry.pending_reset = None
                     self._ready_resets.discard(entry.index)
                 self._resets += 1
+        for entry in self.table.slots:
             if entry.releasing:
-                # A plain reset, no prompt: cheap, and clears the occupant's state.
+                # A plain reset, no prompt: cheap, and clears the occupant's state. One per
+                # round: the policy is asked again before the next (a tick may be due).
                 await self.executor.run(partial(self.engine.reset, entry.index, None))
                 self._resets += 1
                 dropped = len(entry.frames)
                 if dropped:
                     self._dropped["session_closed"] += dropped
                 self._free(entry)
+                return
 
     def _drain(self, entry: Slot) -> None:
         """The policy found this slot's backlog a jitter the catch-ups cannot clear: the
