@@ -630,6 +630,16 @@ def test_grid_a_tick_most_of_whose_slots_on_cadence_are_late_is_held_for_them() 
     assert_decision(policy.decide(168 * MS, v), StepNow((0, 1), "tick", 160 * MS))
     v = view(slot(0, 155), slot(1, 156), slot(2, 162), steps_ms=(30,) * 8, state=state)
     assert_decision(policy.decide(162 * MS, v), StepNow((0, 1, 2), "tick", 160 * MS))
+    # Nor one whose phase slipped just past the tick (its next frame expected at 163): the tick
+    # waits for it (3 ms for the others, where it would wait 77 ms for the next tick), within
+    # the grace; a later phase (170) is its own, served by the next tick.
+    slipped = SlotState(streak=10, seen=True, last_completed=83 * MS, interval=80 * MS)
+    state_slipped = grid_state(0, 2, was, was, slipped)
+    v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(30,) * 8, state=state_slipped)
+    assert_decision(policy.decide(160 * MS, v), WaitUntil(168 * MS))
+    later = SlotState(streak=10, seen=True, last_completed=90 * MS, interval=80 * MS)
+    v = view(slot(0, 155), slot(1, 156), slot(2), steps_ms=(30,) * 8, state=grid_state(0, 2, was, was, later))
+    assert_decision(policy.decide(160 * MS, v), StepNow((0, 1), "tick", 160 * MS))
     # Not one whose frames do not come a tick apart (30 ms chunks complete them 60 or 90 ms
     # apart, and one would hold every tick its frame falls just after).
     irregular = SlotState(streak=10, seen=True, last_completed=75 * MS, interval=60 * MS)

@@ -479,13 +479,18 @@ class GridPolicy:
                 # Missing: its next frame was due to complete by this tick (one caught up ahead
                 # of it, or whose phase is just after the ticks, is not).
                 cadence = max(self.tick, st.interval or 0.0)
-                if not s.frames and st.last_completed + cadence <= due + EPS:
-                    missing += 1
-                    # A straggler: its frames come a tick apart (an aligned session). Chunks
-                    # that do not divide the tick (30 ms) complete frames 60 or 90 ms apart,
-                    # and would hold a tick whenever a frame of theirs falls just after it.
-                    interval = st.interval
-                    stragglers += interval is not None and abs(interval - self.tick) <= REGULAR_S
+                if s.frames:
+                    continue
+                expected = st.last_completed + cadence
+                missing += expected <= due + EPS
+                # A straggler: its frames come a tick apart (an aligned session), its next one
+                # due by this tick or within the straggler grace after it (its phase slipped
+                # just past the tick: the path or the server got slower, until its aligner
+                # re-aligns it). Chunks that do not divide the tick (30 ms) complete frames 60 or
+                # 90 ms apart, and would hold a tick whenever a frame of theirs falls just after.
+                interval = st.interval
+                regular = interval is not None and abs(interval - self.tick) <= REGULAR_S
+                stragglers += regular and expected <= due + self.straggler_grace_ms / 1000 + EPS
         shared = on_cadence >= 2 and 2 * missing > on_cadence
         if not shared and not stragglers:
             return None
