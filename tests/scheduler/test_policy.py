@@ -232,6 +232,17 @@ GRID_CASES = [
         WaitUntil(240 * MS),
     ),
     (
+        "a new session's first frame may overrun within the interval (sessions start together)",
+        209,
+        view(
+            slot(0, 163),
+            slot(1),
+            steps_ms=(30,) * 5,
+            state=attrs.evolve(grid_state(0, 3, SlotState(), STEADY), last_overrun=150 * MS),
+        ),
+        StepNow((0,), "catchup"),
+    ),
+    (
         "the last start that fits: catch-up",
         207.5,
         view(slot(0, 163), slot(1), steps_ms=(30,) * 5, state=grid_state(0, 3, OWED, STEADY)),

@@ -443,13 +443,19 @@ class GridPolicy:
             return False  # the server's delay, paid by catch-ups while they fit
         return not self._catchup_available(st, view, now)
 
-    def _overrun_allowed(self, state: PolicyState, view: SchedulerView, now: float, due: float) -> bool:
+    def _overrun_allowed(
+        self, state: PolicyState, view: SchedulerView, now: float, due: float, starting: bool = False
+    ) -> bool:
         """May a catch-up starting ``now`` delay the tick ``due``: its step and the delayed
-        tick's both end before the tick after, and no other overrun came too recently?"""
+        tick's both end before the tick after, and no other overrun came too recently? One that
+        serves a session's start (``starting``: a first frame, a start backlog) need not wait
+        for the interval: sessions that start together (a burst of connections, a restart's
+        reconnects) arrive over one tick, and the first frames that came after the first
+        catch-up would otherwise wait for the tick (latency a tick plus two steps)."""
         estimate = self._overrun_estimate(view)
         if estimate is None or self.overrun_interval_ms <= 0:
             return False
-        if now - state.last_overrun < self.overrun_interval_ms / 1000 - EPS:
+        if not starting and now - state.last_overrun < self.overrun_interval_ms / 1000 - EPS:
             return False
         return now + 2 * estimate + self.guard_ms / 1000 <= due + self.tick + EPS
 
@@ -540,7 +546,8 @@ class GridPolicy:
                 elif st.debt > 0 or not st.seen or doubled:
                     free_at[s.index] = self._budget_free_at(st, now)
             catchup = tuple(i for i, t in free_at.items() if t <= now)
-            if catchup and (now <= latest_start or self._overrun_allowed(state, view, now, due)):
+            starting = any(not state.slot(i).seen or state.slot(i).start_backlog > 0 for i in catchup)
+            if catchup and (now <= latest_start or self._overrun_allowed(state, view, now, due, starting)):
                 # The step costs the whole batch: every slot owed a catch-up rides along, its
                 # budget spent or not (the budget bounds the steps a slot calls for).
                 riders = tuple(i for i, t in free_at.items() if t > now)
