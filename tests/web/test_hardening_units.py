@@ -315,3 +315,37 @@ async def test_a_close_whose_task_is_cancelled_still_lingers_for_a_streaming_cli
         guard_connections()
     assert ws.close_code == 1012
     assert send_error is None and sent_after_close >= 10, (send_error, sent_after_close)
+
+
+async def _answer_without_reading(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await _read_body_app(scope, receive, send)
+        return
+    await send({"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def test_an_answered_http_peer_with_nothing_waiting_is_closed_at_once():
+    """A head whose body never comes, answered at once: nothing of the peer's waits in the
+    socket, so no linger (5 s here) holds its descriptor; the connection is gone at once."""
+    from duplex_actors.web.hardening import TransportLimits, guard_connections, open_connections
+
+    try:
+        async with trio.open_nursery() as nursery:
+            port, stop = await nursery.start(
+                _serve_guarded, TransportLimits(close_linger_s=5.0), [], _answer_without_reading
+            )
+            peer = await trio.open_tcp_stream("127.0.0.1", port)
+            await peer.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            t0 = trio.current_time()
+            answer = await _until_eof(peer, timeout=5)
+            with trio.fail_after(5):
+                while open_connections() > 0:
+                    await trio.sleep(0.01)
+            freed_after = trio.current_time() - t0
+            await peer.aclose()
+            stop.set()
+    finally:
+        guard_connections()
+    assert answer.startswith(b"HTTP/1.1 404")
+    assert freed_after < 1.0, freed_after

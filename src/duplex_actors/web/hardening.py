@@ -252,26 +252,26 @@ async def _lingering_close(self: Any) -> None:
     would let a head with no body hold a descriptor for the whole linger)."""
     done: trio.Event | None = getattr(self, "_duplex_reader_done", None)
     reading = done is not None and not done.is_set()
+    in_reader = reading and self._duplex_reader is trio.lowlevel.current_task()
+    handed_to_reader = False
     try:
         if not getattr(self, "_duplex_eof_sent", False):
             self._duplex_eof_sent = True
             with trio.CancelScope(shield=True):  # bounded: the send lock waits at most the linger
                 await _send_eof(self)
-        if reading and self._duplex_reader is not trio.lowlevel.current_task() and _peer_may_send(self):
+        if reading and not in_reader and _peer_may_send(self):
             linger: trio.CancelScope = self._duplex_linger
             linger.deadline = min(linger.deadline, trio.current_time() + _limits.close_linger_s)
+            handed_to_reader = True
             return
-        if reading:  # closing from inside the read loop (an HTTP error answer, a protocol close)
+        if in_reader:  # closing from inside the read loop (an HTTP error answer, a protocol close)
             with trio.move_on_after(_limits.close_linger_s):
                 await _discard_until_eof(self.stream)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await self.stream.aclose()
-        _uncount(self)
-        raise
-    with trio.CancelScope(shield=True):
-        await self.stream.aclose()
-    _uncount(self)
+    finally:
+        if not handed_to_reader:  # the read loop closes what it lingers over
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+            _uncount(self)
 
 
 async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) -> Any:
