@@ -7,6 +7,8 @@ phase never drifts with step time.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 import trio.testing
@@ -222,3 +224,30 @@ async def test_a_tick_held_for_frames_late_together_is_in_the_grid_the_aligners_
     assert grid.held == {tick}
     # It was stepped with its tick's frames, not left for a catch-up or the next tick.
     assert sched.statistics().catchup_steps == 1  # the first frame's only
+
+
+async def test_released_slots_are_freed_one_between_two_steps_once_overdue(autojump_clock):
+    # A backlog keeps a step due at every moment (90 ms steps): the three released slots' resets
+    # wait RELEASE_DEFER_S, then go one between two steps, never all before the next step.
+    from duplex_actors.scheduler.actor import RELEASE_DEFER_S
+
+    engine = SlowEngine(4, 0.090)
+    # A 5 ms batch window: its wait (the other slots have no frame) is under RELEASE_SLACK_S.
+    sched = Scheduler(engine, clock=VIRTUAL_TIME, policy=make_policy("window", max_batch_wait_ms=5))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        slots = [sched.admit(Sink()) for _ in range(4)]
+        for k in range(12):
+            sched.submit_nowait(slots[3], k, frame(k))
+        t0 = trio.current_time()
+        async with trio.open_nursery() as ending:
+            for slot in slots[:3]:
+                ending.start_soon(sched.release, slot)
+        nursery.cancel_scope.cancel()
+    kinds = [c[0] for c in engine.calls]
+    resets = [c[-1] - t0 for c in engine.calls if c[0] == "reset"]
+    # None before it is overdue, never two without a step between (the releases register as
+    # their tasks start, beside the inline steps: within the first steps), all three soon.
+    assert len(resets) == 3 and resets[0] >= RELEASE_DEFER_S, resets
+    assert all(a != "reset" or b != "reset" for a, b in itertools.pairwise(kinds)), kinds
+    assert resets[-1] <= RELEASE_DEFER_S + 6 * 0.090 + 1e-6 and sched.table.free == 3, resets

@@ -127,6 +127,8 @@ class Scheduler:
         self._wake = trio.Event()
         self._released: dict[int, trio.Event] = {}
         self._releasing_since: dict[int, float] = {}  # slot -> when its occupant released it
+        self._release_now = False  # the round's resets include a released slot's
+        self._forced_release_after = -1  # steps taken when an overdue release last went first
         self._ready_resets: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._prepare_limiter = trio.Lock()
@@ -281,20 +283,20 @@ class Scheduler:
         # A slot with any pending reset waits: its queued frames belong to the new epoch.
         return entry.active and entry.pending_reset is None
 
-    def _needs_admin(self, decision: StepNow | WaitUntil) -> bool:
-        """Resets are due: a prepared prompt's, or a released slot's. A released slot's waits
-        while the policy has a step due or due within RELEASE_SLACK_S, up to RELEASE_DEFER_S,
-        and they are applied one per round (``_apply_resets``): sessions that end together (the
-        end of a load, a drain) would otherwise put a reset each, one engine call apiece,
-        before the tick of the sessions that go on."""
-        if any(e.pending_reset is not None and e.index in self._ready_resets for e in self.table.slots):
-            return True
+    def _resets_due(self, decision: StepNow | WaitUntil) -> tuple[bool, bool]:
+        """Whether a prepared prompt's reset is due, and whether a released slot's is. A
+        released slot's waits while the policy has a step due or due within RELEASE_SLACK_S;
+        past RELEASE_DEFER_S it goes, one between two steps (``_apply_resets`` applies one per
+        round): sessions that end together (the end of a load, a drain) would otherwise put a
+        reset each, one engine call apiece, before the tick of the sessions that go on."""
+        prompts = any(e.pending_reset is not None and e.index in self._ready_resets for e in self.table.slots)
         if not self._releasing_since:
-            return False
+            return prompts, False
         now = self.clock.now()
         if isinstance(decision, WaitUntil) and decision.at - now >= RELEASE_SLACK_S:
-            return True
-        return now - min(self._releasing_since.values()) >= RELEASE_DEFER_S
+            return prompts, True
+        overdue = now - min(self._releasing_since.values()) >= RELEASE_DEFER_S
+        return prompts, overdue and self._forced_release_after != self._ticks
 
     def _view(self) -> SchedulerView:
         # The policies read a slot's two oldest completion times (the queue is in completion
@@ -323,12 +325,16 @@ class Scheduler:
         while True:
             view = self._view()
             decision = self.policy.decide(self.clock.now(), view)
-            if self._needs_admin(decision):
+            if isinstance(decision, WaitUntil) and decision.held_tick is not None:
+                self._tick_held(decision.held_tick)
+            prompts, releases = self._resets_due(decision)
+            if prompts or releases:
+                self._release_now = releases
+                if releases and isinstance(decision, StepNow):
+                    self._forced_release_after = self._ticks  # overdue: the next after a step
                 return None
             if isinstance(decision, StepNow):
                 return view, decision
-            if decision.held_tick is not None:
-                self._tick_held(decision.held_tick)
             if math.isinf(decision.at):
                 await self._wake.wait()
             else:
@@ -352,6 +358,8 @@ class Scheduler:
                     entry.pending_reset = None
                     self._ready_resets.discard(entry.index)
                 self._resets += 1
+        if not self._release_now:
+            return
         for entry in self.table.slots:
             if entry.releasing:
                 # A plain reset, no prompt: cheap, and clears the occupant's state. One per
