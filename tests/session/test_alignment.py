@@ -256,6 +256,16 @@ def test_lateness_most_frames_share_is_the_sessions_phase_and_raises_the_margin_
         assert [d.reason for _, d in run.decisions] == ["start", "margin"]
 
 
+def test_a_long_stall_at_the_start_is_not_the_sessions_phase() -> None:
+    # Frames 3-12 come 20 ms late (sessions starting together congest the server), then none:
+    # the 1 s recheck sees late frames in most of its window, one stretch, and keeps the margin.
+    delays = [0.0] * 3 + [0.020] * 10 + [0.0] * 60
+    aligner = Aligner(mode="client")
+    run = drive(aligner, chunk=FRAME, start=0.0205, delays=delays)
+    assert aligner.margin_ms == 3.0
+    assert [d.reason for _, d in run.decisions] == ["start"]
+
+
 def test_total_pad_is_bounded_then_unaligned() -> None:
     # A pause of 37 ms every ~4 s moves the phase each check: re-aligned each time until the
     # next pad would pass the bound; from then on nothing.

@@ -48,9 +48,9 @@ log = logging.getLogger(__name__)
 
 # Step-duration histogram buckets (seconds), aligned to the 80 ms frame budget.
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.32, float("inf"))
-# How many held ticks the aligners are told about: a late frame asks about its own tick, a
-# tick or two after it was held.
-HELD_TICKS_KEPT = 16
+# How many held ticks the aligners are told about: an aligner asks about its frames' ticks at
+# its recheck, every 4 s (50 ticks).
+HELD_TICKS_KEPT = 80
 # How long a released slot's reset may wait for the steps the policy decides (seconds), and
 # the least wait before the next step in which one is applied (about one reset's cost).
 RELEASE_DEFER_S = 0.2

@@ -21,7 +21,9 @@ Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick
   estimated step (p90 of recent steps) fits before the next tick, or, when it does not, if the
   catch-up and the tick it then delays both end before the tick after (the median of the last
   ``OVERRUN_STEPS`` steps as the estimate; at most one such *overrun* per
-  ``overrun_interval_ms``), at most ``max_catchups_per_s`` per slot in any second. Frames that
+  ``overrun_interval_ms``, but for catch-ups that serve a session's start), at most
+  ``max_catchups_per_s`` per slot in any second that the slot calls for (every slot owed one
+  *rides along* a catch-up another called for, spending none of its budget). Frames that
   a client on real time sent while its slot waited for its first step (the prompt was being
   prepared) are its *start backlog*: owed catch-ups outside that budget, never drained. Falling
   further behind never earns one: a client sending faster than real time is served one frame
@@ -165,7 +167,8 @@ class PolicyState:
     drain: tuple[int, ...] = ()
     drains: int = 0
     # When the last catch-up that could not finish before the next tick started (it delays
-    # that tick; at most one per ``overrun_interval_ms``), and how many there were.
+    # that tick; at most one per ``overrun_interval_ms``, but for a session's start), and how
+    # many there were.
     last_overrun: float = -math.inf
     overruns: int = 0
 
@@ -320,15 +323,18 @@ class GridPolicy:
     max_drains_per_s: int = 2
     # A catch-up that does not fit before the next tick may still run when the tick it delays
     # and the catch-up both end before the tick after (the engine is then never more than one
-    # step behind the grid), at most once per this interval over all slots: it delays one tick
-    # for every session by (2 x step - tick), where a slot left a frame behind waits a whole tick
-    # more for every frame until a catch-up comes. 0 turns overruns off.
+    # step behind the grid), at most once per this interval over all slots (a catch-up for a
+    # session's start, its first frame, may go within it): it delays one tick for every session
+    # by (2 x step - tick), where a slot left a frame behind waits a whole tick more for every
+    # frame until a catch-up comes. 0 turns overruns off.
     overrun_interval_ms: float = 80.0
     late_tick_grace_ms: float = 40.0
-    # A tick a few slots on cadence have no frame for yet is held this long for them (their
-    # frames are on the way: the tail of the burst the aligned sessions' appends make at the
-    # tick): a wait of a few ms for the others, where a frame that misses its tick costs a
-    # catch-up step or a whole tick. Most of them missing: ``late_tick_grace_ms``.
+    # A tick some slots on a regular 80 ms cadence (up to half of those on cadence) have no
+    # frame for yet, their next one due by it or within this grace after it, is held this long
+    # for them (the tail of the burst the aligned sessions' appends make at the tick; a session
+    # whose phase slipped just past the tick, aligned or not): a wait of a few ms for the
+    # others, where a frame that misses its tick costs a catch-up step or a whole tick. More
+    # than half of them missing: ``late_tick_grace_ms``.
     straggler_grace_ms: float = 8.0
     name: str = "grid"
 

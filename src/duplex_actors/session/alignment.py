@@ -89,10 +89,18 @@ BURST_GAP: Final = 12
 # Late frames that are at least this share of a recheck's window (and at least MIN_WINDOW of
 # them) are how the session's frames arrive, not a stall.
 SYSTEMATIC_SHARE: Final = 0.25
+SYSTEMATIC_WINDOW: Final = 3 * MIN_WINDOW
 
 
-def _systematic(late: int, window: int) -> bool:
-    return late >= MIN_WINDOW and late >= SYSTEMATIC_SHARE * window
+def _systematic(late_at: Sequence[int], window: int) -> bool:
+    """Frames late at these indices of a window of ``window`` are how the session's frames
+    arrive: many (a quarter, at least MIN_WINDOW) and in both halves of a window of at least
+    SYSTEMATIC_WINDOW frames (one long stall is late in one stretch; the first recheck's second
+    of frames cannot tell a session's phase from the congestion of sessions starting together)."""
+    if window < SYSTEMATIC_WINDOW or len(late_at) < max(MIN_WINDOW, SYSTEMATIC_SHARE * window):
+        return False
+    half = window / 2
+    return any(i < half for i in late_at) and any(i >= half for i in late_at)
 
 
 _EPS: Final = 1e-6
@@ -190,7 +198,7 @@ class Aligner:
         self._window: list[float] = []  # lateness (s) of frames since the last check
         # Of those, the ones not part of a stall beyond margin_max_ms, each with whether its
         # tick was held for most sessions (a stall they shared).
-        self._coverable: list[tuple[float, bool]] = []
+        self._coverable: list[tuple[float, int | None]] = []
         self._stall_at = -math.inf  # when the last frame later than margin_max_ms arrived
         self._bursts_before = 0  # bursts past the margin in the window before the last check
         self._next_check = math.inf
@@ -261,7 +269,10 @@ class Aligner:
             if late * 1000 > self.margin_max_ms:
                 self._stall_at = now
             elif now - self._stall_at > STALL_JOIN_S:
-                self._coverable.append((late, self._shared(grid, now - late)))
+                # The tick it was meant for (asked against the held ticks at the recheck: the
+                # scheduler may hold it after this append is read).
+                tick = None if grid is None else grid.tick_at_or_after(now - late)
+                self._coverable.append((late, tick))
         # Decide only at the first append of a frame (the previous frame completed before it):
         # a pad there moves this frame's own completion, so no frame completes at the old
         # phase after another completed at the new one (two frames for one tick).
@@ -274,11 +285,6 @@ class Aligner:
         return None
 
     # -- internals --------------------------------------------------------------------------------
-    def _shared(self, grid: Grid | None, completes_at: float) -> bool:
-        """Was the tick a frame due to complete at ``completes_at`` (jitter-free) was meant for
-        held for most sessions' frames: its lateness a stall they shared, not this session's?"""
-        return grid is not None and bool(grid.held) and grid.tick_at_or_after(completes_at) in grid.held
-
     def _see_chunk(self, samples: int) -> None:
         if self._chunk is None:
             self._chunk = samples
@@ -321,9 +327,9 @@ class Aligner:
         # Lateness in ticks held for every session is a stall they shared, left out, unless
         # it is most of what the window saw (the aligned sessions' appends arrive as a burst
         # whose tail is late every tick: that is this session's phase, which the margin covers).
-        shared = sum(1 for _, held in coverable if held)
-        systematic = _systematic(shared, len(window))
-        lateness = [x - shift for x, held in coverable if systematic or not held]
+        held = [tick is not None and tick in grid.held for _, tick in coverable]
+        systematic = _systematic([i for i, h in enumerate(held) if h], len(coverable))
+        lateness = [x - shift for (x, _), h in zip(coverable, held, strict=True) if systematic or not h]
         self._margin_ms = self._margin_from(lateness)
         if self._margin_ms > old + _EPS:
             # Frames the old margin left short, grouped in bursts (BURST_GAP): one
@@ -332,7 +338,7 @@ class Aligner:
             # Late frames that are much of the window are no stall: the margin rises now.
             late_at = [i for i, x in enumerate(lateness) if x * 1000 + 2.0 > old + _EPS]
             bursts = sum(1 for k, i in enumerate(late_at) if k == 0 or i - late_at[k - 1] > BURST_GAP)
-            if bursts + self._bursts_before < 2 and not _systematic(len(late_at), len(window)):
+            if bursts + self._bursts_before < 2 and not _systematic(late_at, len(lateness)):
                 short = set(late_at)
                 kept = [x for i, x in enumerate(lateness) if i not in short]
                 self._margin_ms = min(old, self._margin_from(kept))
