@@ -104,7 +104,12 @@ def trial(arm: Arm, src: Path | None, n: int, seconds: float, serve_args: list[s
                 str(out / "load"),
                 *arm.load_args,
             ]
-            done = subprocess.run(load, env=env, capture_output=True, text=True, timeout=seconds * 6 + 120)
+            try:
+                done = subprocess.run(
+                    load, env=env, capture_output=True, text=True, timeout=seconds * 6 + 120
+                )
+            except subprocess.TimeoutExpired as exc:
+                return {"arm": arm.name, "held": False, "error": f"duplex-load timed out: {exc}"}
         finally:
             server.send_signal(signal.SIGTERM)
             try:
@@ -145,13 +150,18 @@ def summary(arms: list[Arm], results: list[dict], reps: int) -> str:
             f"{statistics.median(spt) if spt else float('nan'):.3f}"
         )
     wins = {arm.name: 0 for arm in arms}
+    ties = 0
     for rep in range(reps):
         this = [r for r in results if r["rep"] == rep and r.get("late_frames") is not None]
         if len(this) == len(arms):
-            wins[min(this, key=lambda r: r["late_frames"])["arm"]] += 1
-    lines.append(
-        "fewest frames over 80 ms, per repetition: " + ", ".join(f"{k} {v}" for k, v in wins.items())
-    )
+            fewest = min(r["late_frames"] for r in this)
+            best = [r["arm"] for r in this if r["late_frames"] == fewest]
+            if len(best) == 1:
+                wins[best[0]] += 1
+            else:
+                ties += 1
+    counts = ", ".join(f"{k} {v}" for k, v in wins.items())
+    lines.append(f"fewest frames over 80 ms, per repetition: {counts}; ties {ties}")
     return "\n".join(lines)
 
 

@@ -112,11 +112,9 @@ def simulate(policy: Policy, traces: list[list[float]], cost: list[float]) -> Ru
             # One frame per slot per step, only from slots that have one.
             assert len(set(decision.slots)) == len(decision.slots), decision
             assert decision.slots and all(queues[i] for i in decision.slots), decision
-            # Riders only ride catch-ups, and some slot of the step called for it.
+            # Riders only ride catch-ups.
             assert set(decision.riders) <= set(decision.slots), decision
-            assert not decision.riders or (
-                decision.kind == "catchup" and len(decision.riders) < len(decision.slots)
-            )
+            assert not decision.riders or decision.kind == "catchup", decision
             for i in decision.slots:
                 served = Served(
                     i, queues[i].popleft(), t, decision.kind, decision.tick_at, i in decision.riders

@@ -38,7 +38,8 @@ margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (
 catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
 with it (``STALL_JOIN_S``); so is the lateness of a frame whose tick the scheduler held open
 because most sessions' frames were late together (``Grid.held``): a stall they shared (the
-server's loop, the host, the clients' own process), which the held tick absorbs, unless such
+host, the path, the clients' own process: a stall of the server's own loop holds no tick
+when the frames are all read before it wakes), which the held tick absorbs, unless such
 frames are much of the window (``SYSTEMATIC_SHARE``): aligned sessions send at nearly one instant
 and the server reads that burst one append at a time, so its tail is late at every tick, which
 is those sessions' phase and what their margins must cover. The margin is raised only when frames came later than it allows in
