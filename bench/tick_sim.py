@@ -134,6 +134,9 @@ class Trace:
     pad_samples: int = 0
     margin_ms: float = 0.0
     decisions: tuple[str, ...] = ()  # "pad:<reason>" / "hint:<reason>", in order
+    # Per completion: the frame holds alignment pad samples (the scheduler's ``SlotView.padded``:
+    # a padded frame that comes second for one tick is a re-alignment's double, owed a catch-up).
+    padded: tuple[bool, ...] = ()
 
 
 def session_trace(
@@ -149,8 +152,10 @@ def session_trace(
     aligner = Aligner(mode=align, max_total_pad_samples=max_pad_samples)
     grid = Grid(origin=WARM_ORIGIN, period=TICK_MS / 1000)
     completions: list[float] = []
+    padded: list[bool] = []
     decisions: list[str] = []
     tail = sent = 0
+    fill_padded = False
     last = 0.0
     hint: int | None = None
     for delay in delays:
@@ -167,11 +172,21 @@ def session_trace(
         elif isinstance(decision, ClientHint):
             hint = decision.pad_ms
             decisions.append(f"hint:{decision.reason}")
-        tail += pad + size
-        while tail >= FRAME:
-            tail -= FRAME
-            completions.append(now)
-    return Trace(tuple(completions), aligner.total_pad_samples, aligner.margin_ms, tuple(decisions))
+        # As the session core fills frames: the pad's samples first, then the chunk's; a frame
+        # that holds any pad sample is padded.
+        for samples, is_pad in ((pad, True), (size, False)):
+            while samples:
+                k = min(FRAME - tail, samples)
+                tail, samples = tail + k, samples - k
+                fill_padded = fill_padded or is_pad
+                if tail == FRAME:
+                    tail = 0
+                    completions.append(now)
+                    padded.append(fill_padded)
+                    fill_padded = False
+    return Trace(
+        tuple(completions), aligner.total_pad_samples, aligner.margin_ms, tuple(decisions), tuple(padded)
+    )
 
 
 def traces_for(
@@ -224,8 +239,12 @@ def simulate(
     """The scheduler actor over ``traces``; ``drainable``: sessions accept the policy's drains
     (alignment not "off"), dropping their oldest queued frame (synthetic frames have no
     energy to choose by)."""
-    arrivals = sorted((c, i) for i, tr in enumerate(traces) for c in tr.completions)
-    queues: list[deque[float]] = [deque() for _ in traces]
+    arrivals = sorted(
+        (c, i, p)
+        for i, tr in enumerate(traces)
+        for c, p in zip(tr.completions, tr.padded or [False] * len(tr.completions), strict=True)
+    )
+    queues: list[deque[tuple[float, bool]]] = [deque() for _ in traces]
     recent: deque[float] = deque(maxlen=RECENT_STEPS)
     state = PolicyState(origin=WARM_ORIGIN)
     out = Result(sessions=len(traces))
@@ -235,15 +254,21 @@ def simulate(
         out.realigned += max(0, len(tr.decisions) - 1)
 
     def slot(i: int) -> SlotView:
-        q = queues[i]
-        return SlotView(i, active=True, frames=(q[0], q[1]) if len(q) > 1 else tuple(q))
+        head = [queues[i][k] for k in range(min(2, len(queues[i])))]
+        return SlotView(
+            i,
+            active=True,
+            frames=tuple(c for c, _ in head),
+            padded=tuple(p for _, p in head),
+            queued=len(queues[i]),
+        )
 
     slots = [slot(i) for i in range(len(traces))]  # rebuilt when a queue changes
     t, a = 0.0, 0
     while a < len(arrivals) or any(queues):
         while a < len(arrivals) and arrivals[a][0] <= t + 1e-9:
-            c, i = arrivals[a]
-            queues[i].append(c)
+            c, i, p = arrivals[a]
+            queues[i].append((c, p))
             slots[i] = slot(i)
             a += 1
         view = SchedulerView(tuple(slots), tuple(recent), state)
@@ -251,7 +276,7 @@ def simulate(
         if isinstance(decision, StepNow):
             duration = cost()
             for i in decision.slots:
-                c = queues[i].popleft()
+                c, _ = queues[i].popleft()
                 slots[i] = slot(i)
                 out.waits.append(t - c)
                 out.latencies.append(t + duration - c)
