@@ -221,13 +221,24 @@ GRID_CASES = [
         StepNow((0,), "catchup"),
     ),
     (
-        "but not within the overrun interval of another",
+        "but not within the overrun interval of another: wake when it lapses, if it still fits then",
         209,
         view(
             slot(0, 163),
             slot(1),
             steps_ms=(30,) * 5,
             state=attrs.evolve(grid_state(0, 3, OWED, STEADY), last_overrun=150 * MS),
+        ),
+        WaitUntil(230 * MS),
+    ),
+    (
+        "an overrun interval that lapses too late to overrun: wait for the tick",
+        209,
+        view(
+            slot(0, 163),
+            slot(1),
+            steps_ms=(45,) * 5,
+            state=attrs.evolve(grid_state(0, 3, OWED, STEADY), last_overrun=155 * MS),
         ),
         WaitUntil(240 * MS),
     ),

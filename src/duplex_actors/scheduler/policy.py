@@ -561,6 +561,12 @@ class GridPolicy:
             later = min((t for t in free_at.values() if t > now), default=math.inf)
             if later <= latest_start:
                 wake = later
+            if catchup and not starting:
+                # Owed now but for the overrun interval: wake when it lapses, if the overrun
+                # still fits then (no frame may arrive before it to wake the shell).
+                lapse = state.last_overrun + self.overrun_interval_ms / 1000
+                if now < lapse < wake and self._overrun_allowed(state, view, lapse, due):
+                    wake = lapse
         if len(waiting) == steppable:
             # Early, within the due tick's own interval: that is the tick's step.
             opens = due - self.tick
