@@ -174,20 +174,9 @@ class SessionHandle:
         await self._send(r.Update(dict(config), client_event_id), applied=True)
 
     def _context_refusal(self, config: Mapping[str, Any]) -> str | None:
-        """Why the merged config's prompt cannot fit the model's context, or None. Asked before
-        logging: the budget needs the engine's tokenizer, which a logic replay lacks, so the
-        verdict goes into the log as a ``rejected`` record rather than being the core's."""
         if "instructions" not in config and "voice" not in config:
             return None
-        try:
-            prompt = self.core.validated({**self.core.config, **config})
-        except Exception:
-            return None  # the core refuses it itself, with its own code
-        try:
-            self.core.policy.check_context(prompt)
-        except InvalidRuntimeConfig as exc:
-            return str(exc)
-        return None
+        return context_refusal(self.core, {**self.core.config, **config})
 
     async def cancel(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.Cancel(client_event_id))
@@ -378,6 +367,11 @@ class DuplexServer:
         reservation: SlotReservation | None = None,
     ) -> SessionHandle:
         core = SessionCore(session_id, self.policy, self.limits)
+        # A persona too long for the context in the opening config is refused as any invalid
+        # opening config is (spec: the session opens with the defaults, then an error).
+        refusal = context_refusal(core, config) if "instructions" in config or "voice" in config else None
+        if refusal is not None:
+            config = {}
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
         if reservation is not None:
             slot = reservation.take()
@@ -430,6 +424,9 @@ class DuplexServer:
         )
         await actor.send(header)
         await actor.send(r.Open(config, client_event_id))
+        if refusal is not None:
+            opening = "session.create" if dialect == "native" else "session.update"
+            await actor.send(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
         self._nursery.start_soon(self._run_session, actor)
         return SessionHandle(actor, receive)
 
@@ -466,6 +463,21 @@ class DuplexServer:
                 actor.inbox.put_result_nowait(r.Close(reason))  # dropped by a closed inbox
         for actor in actors:
             await actor.done.wait()
+
+
+def context_refusal(core: SessionCore, config: Mapping[str, Any]) -> str | None:
+    """Why ``config``'s prompt cannot fit the model's context, or None. Asked before logging:
+    the budget needs the engine's tokenizer, which a logic replay lacks, so the verdict goes
+    into the log as a ``rejected`` record rather than being the core's."""
+    try:
+        prompt = core.validated(config)
+    except Exception:
+        return None  # the core refuses it itself, with its own code
+    try:
+        core.policy.check_context(prompt)
+    except InvalidRuntimeConfig as exc:
+        return str(exc)
+    return None
 
 
 class _Pending:

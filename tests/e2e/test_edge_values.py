@@ -86,3 +86,30 @@ async def test_a_persona_the_model_cannot_hold_is_refused_at_update_and_the_sess
         updated = await c.wait_for("session.updated", count=2)
         assert updated["session"]["instructions"] == "Be brief."
         await _still_streams(c)
+
+
+async def test_a_persona_too_long_in_the_opening_config_opens_with_the_defaults(parrot_server):
+    # Native session.create and the Realtime opening update (autostart=0): as any invalid
+    # opening config, the session opens with the defaults and an error names the message;
+    # before, it opened with the persona and ended in 1011 when the context was prepared.
+    long_persona = "many words " * 200
+    openings = [
+        ("/v1/duplex", {"type": "session.create", "event_id": "o1", "session": {"instructions": long_persona}}),
+        (
+            "/v1/realtime?autostart=0",
+            {"type": "session.update", "event_id": "o1", "session": {"instructions": long_persona}},
+        ),
+    ]
+    for path, opening in openings:
+        async with connect(f"{parrot_server.ws}{path}") as c:
+            await c.send(opening)
+            await c.wait_error("invalid_duplex_runtime_config")
+            assert [(client_event_id(m), error_code(m)) for m in c.errors()] == [
+                ("o1", "invalid_duplex_runtime_config")
+            ]
+            err = c.errors()[0]
+            message = err["error"]["message"] if isinstance(err["error"], dict) else err["error"]
+            assert "persona is too long" in message
+            assert c.types()[:3] == ["session.created", "session.updated", "error"]
+            assert c.events()[0]["session"]["instructions"] != long_persona
+            await _still_streams(c)
