@@ -253,11 +253,15 @@ def simulate(
         out.margin_ms.append(tr.margin_ms)
         out.realigned += max(0, len(tr.decisions) - 1)
 
+    # A session whose last frame was stepped has ended (its client closes): its slot is no
+    # longer active, so no tick is held for frames it will not send.
+    remaining = [len(tr.completions) for tr in traces]
+
     def slot(i: int) -> SlotView:
         head = [queues[i][k] for k in range(min(2, len(queues[i])))]
         return SlotView(
             i,
-            active=True,
+            active=remaining[i] > 0,
             frames=tuple(c for c, _ in head),
             padded=tuple(p for _, p in head),
             queued=len(queues[i]),
@@ -277,6 +281,7 @@ def simulate(
             duration = cost()
             for i in decision.slots:
                 c, _ = queues[i].popleft()
+                remaining[i] -= 1
                 slots[i] = slot(i)
                 out.waits.append(t - c)
                 out.latencies.append(t + duration - c)
@@ -284,6 +289,7 @@ def simulate(
             if drainable:
                 for i in state.drain:
                     queues[i].popleft()
+                    remaining[i] -= 1
                     slots[i] = slot(i)
                     out.drained += 1
             out.steps += 1
