@@ -19,6 +19,9 @@ def test_log_faults_parse_with_their_options(tmp_path: Path) -> None:
     assert f.log_create_error == tmp_path / "a" and f.log_create_errno == errno.EACCES
     assert f.fsync_stall == tmp_path / "b" and f.fsync_stall_ms == 250 and f.active
     assert Faults.parse(f"log_create_error={tmp_path}/a").log_create_errno == errno.ENOSPC
+    assert Faults.parse(f"fsync_error={tmp_path}/c").fsync_errno == errno.EIO
+    g = Faults.parse(f"fsync_error={tmp_path}/c:ENOSPC")
+    assert g.fsync_error == tmp_path / "c" and g.fsync_errno == errno.ENOSPC
     with pytest.raises(ConfigError, match="unknown errno"):
         Faults.parse(f"log_create_error={tmp_path}/a:ENOTANERRNO")
     with pytest.raises(ConfigError, match="fsync_stall wants PATH:MS"):

@@ -6,7 +6,8 @@ Each fault is armed by a trigger file, so a test decides exactly when it fires::
 
 - ``step_raise=PATH``: when PATH exists, the next model step raises (PATH is removed: one tick).
 - ``step_stall=PATH:MS``: while PATH exists, every model step first sleeps MS milliseconds.
-- ``fsync_error=PATH``: while PATH exists, every ``fdatasync`` of a session log fails with EIO.
+- ``fsync_error=PATH[:ERRNO]``: while PATH exists, every ``fdatasync`` of a session log fails
+  with ERRNO (EIO by default; ENOSPC is a disk that filled mid-stream).
 - ``fsync_stall=PATH:MS``: while PATH exists, every ``fdatasync`` first sleeps MS milliseconds.
 - ``log_create_error=PATH[:ERRNO]``: while PATH exists, creating a file in the log dir (a session
   log, the writer's probe) fails with ERRNO (a name such as ENOSPC, EACCES; default ENOSPC).
@@ -64,6 +65,7 @@ class Faults:
     fsync_stall_ms: float = 0.0
     log_create_error: Path | None = None
     log_create_errno: int = errno.ENOSPC
+    fsync_errno: int = errno.EIO
     step_silence: Path | None = None
 
     @property
@@ -98,16 +100,16 @@ class Faults:
                     fields["fsync_stall"], fields["fsync_stall_ms"] = Path(path), float(ms)
                 except ValueError:
                     raise ConfigError(f"DUPLEX_FAULTS: fsync_stall wants PATH:MS, got {value!r}") from None
-            elif name == "log_create_error" and value:
+            elif name in ("log_create_error", "fsync_error") and value:
                 path, sep, code = value.rpartition(":")
                 if sep and code.isupper():
                     number = getattr(errno, code, None)
                     if not isinstance(number, int):
-                        raise ConfigError(f"DUPLEX_FAULTS: log_create_error: unknown errno {code!r}")
-                    fields["log_create_error"], fields["log_create_errno"] = Path(path), number
+                        raise ConfigError(f"DUPLEX_FAULTS: {name}: unknown errno {code!r}")
+                    fields[name], fields[name.replace("_error", "_errno")] = Path(path), number
                 else:
-                    fields["log_create_error"] = Path(value)
-            elif name in ("step_raise", "fsync_error", "handler_raise", "step_silence") and value:
+                    fields[name] = Path(value)
+            elif name in ("step_raise", "handler_raise", "step_silence") and value:
                 fields[name] = Path(value)
             else:
                 raise ConfigError(f"DUPLEX_FAULTS: unknown fault {item!r}")
@@ -139,7 +141,7 @@ class Faults:
     def install_fsync_fault(self) -> None:
         """Make session-log fdatasync fail (``fsync_error``) or stall (``fsync_stall``) while
         the trigger file exists (process-wide)."""
-        trigger, stall = self.fsync_error, self.fsync_stall
+        trigger, stall, code = self.fsync_error, self.fsync_stall, self.fsync_errno
         if trigger is None and stall is None:
             return
         real = os.fdatasync
@@ -149,7 +151,7 @@ class Faults:
             if stall is not None and stall.exists():
                 time.sleep(stall_s)
             if trigger is not None and trigger.exists():
-                raise OSError(errno.EIO, "injected fdatasync failure (DUPLEX_FAULTS fsync_error)")
+                raise OSError(code, f"{os.strerror(code)} (injected: DUPLEX_FAULTS fsync_error)")
             real(fd)
 
         os.fdatasync = fdatasync  # type: ignore[assignment]

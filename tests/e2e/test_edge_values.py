@@ -94,7 +94,10 @@ async def test_a_persona_too_long_in_the_opening_config_opens_with_the_defaults(
     # before, it opened with the persona and ended in 1011 when the context was prepared.
     long_persona = "many words " * 200
     openings = [
-        ("/v1/duplex", {"type": "session.create", "event_id": "o1", "session": {"instructions": long_persona}}),
+        (
+            "/v1/duplex",
+            {"type": "session.create", "event_id": "o1", "session": {"instructions": long_persona}},
+        ),
         (
             "/v1/realtime?autostart=0",
             {"type": "session.update", "event_id": "o1", "session": {"instructions": long_persona}},

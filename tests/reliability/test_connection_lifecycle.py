@@ -19,9 +19,19 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from ..e2e.conftest import start_server
+from ..e2e.conftest import http_get, start_server
 from ..e2e.helpers import connect
-from .conftest import OP_CLOSE, OP_TEXT, RawWS, ametrics, append_text, frame_bytes, metric_sum, tone_pcm16
+from .conftest import (
+    OP_CLOSE,
+    OP_TEXT,
+    RawWS,
+    ametrics,
+    append_text,
+    frame_bytes,
+    metric_sum,
+    tone_pcm16,
+    wait_slots_free,
+)
 from .test_model_faults import opened, received_frames, stream
 
 FRAME_S = 0.08
@@ -84,6 +94,75 @@ async def test_a_storm_of_refused_reconnects_raises_no_handler_error(tmp_path, p
 
 
 STORM_REFUSALS = 300
+
+
+async def test_200_concurrent_upgrades_against_4_slots(tmp_path, parrot_dir, record):
+    """200 clients upgrade at once against 4 slots (a restart's reconnects): exactly 4 sessions
+    open, the other 196 each get one ``error resource_exhausted`` and close 1013, nothing counts
+    as a handler error, ``/health`` answers throughout, and the slots serve new sessions after."""
+    server = start_server(tmp_path, "--max-sessions", "4")
+    outcomes: dict[str, int] = {}
+    release = trio.Event()
+    health: list[int] = []
+
+    async def client() -> None:
+        async with open_websocket_url(
+            server.ws + "/v1/realtime", connect_timeout=30, disconnect_timeout=10
+        ) as ws:
+            event = json.loads(await ws.get_message())
+            if event["type"] == "session.created":
+                outcome = "opened"
+                await release.wait()
+            else:
+                assert event["type"] == "error", event
+                try:
+                    extra = await ws.get_message()
+                    outcome = f"{event['error']['code']} then {extra!r:.40}"
+                except ConnectionClosed as exc:
+                    code = exc.reason.code if exc.reason is not None else None
+                    outcome = f"{event['error']['code']} {code}"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    async def probe_health() -> None:
+        while not release.is_set():
+            status, _ = await trio.to_thread.run_sync(http_get, server.base + "/health")
+            health.append(status)
+            await trio.sleep(0.05)
+
+    try:
+        t0 = time.monotonic()
+        with trio.fail_after(90):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(probe_health)
+                async with trio.open_nursery() as clients:
+                    for _ in range(200):
+                        clients.start_soon(client)
+                    while sum(outcomes.values()) < 196:
+                        await trio.sleep(0.02)
+                    answered_s = time.monotonic() - t0
+                    text = await ametrics(server)
+                    release.set()
+            await wait_slots_free(server)
+            async with connect(server.ws + "/v1/realtime") as after:
+                await opened(after)
+                await stream(after, 3)
+                await after.wait_until(lambda: received_frames(after) >= 3)
+    finally:
+        server.stop()
+    record(
+        clients=200,
+        slots=4,
+        outcomes=outcomes,
+        all_answered_s=round(answered_s, 2),
+        health_statuses=sorted(set(health)),
+        health_probes=len(health),
+        handler_errors=metric_sum(text, "duplex_connection_errors_total"),
+    )
+    assert outcomes == {"opened": 4, "resource_exhausted 1013": 196}
+    assert metric_sum(text, "duplex_refusals_total", code="resource_exhausted") == 196
+    assert metric_sum(text, "duplex_connection_errors_total") == 0, text
+    assert health and set(health) == {200}
+    assert "Traceback" not in server.output
 
 
 # -- item 8: the drain's close frames survive clients that are still streaming --------------------

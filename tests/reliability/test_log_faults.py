@@ -25,12 +25,18 @@ REPLAY = str(Path(EXE).with_name("duplex-replay"))
 
 
 # -- fsync error ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("errno_name", ["EIO", "ENOSPC"])
 async def test_fsync_error_fails_that_log_tells_the_session_and_stops_admissions(
-    tmp_path, parrot_dir, record
+    tmp_path, parrot_dir, record, errno_name
 ):
+    """A live session's log stops taking writes mid-stream: an I/O error, or the disk filling
+    up (ENOSPC), both visible to that session, to new ones and to /ready, and replayable."""
     trigger = tmp_path / "fsync_error"
     server = start_server(
-        tmp_path / "srv", "--max-sessions", "3", env={"DUPLEX_FAULTS": f"fsync_error={trigger}"}
+        tmp_path / "srv",
+        "--max-sessions",
+        "3",
+        env={"DUPLEX_FAULTS": f"fsync_error={trigger}:{errno_name}"},
     )
     try:
         async with connect(server.ws + "/v1/realtime") as a, connect(server.ws + "/v1/realtime") as b:
@@ -69,6 +75,7 @@ async def test_fsync_error_fails_that_log_tells_the_session_and_stops_admissions
     finally:
         server.stop()
     record(
+        errno=errno_name,
         told_after_ms=round(told_s * 1000, 1),
         closed_after_ms=round(closed_s * 1000, 1),
         a_close_code=a.close_code,
