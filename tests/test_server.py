@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -273,12 +274,40 @@ async def test_retention_prunes_finished_logs_but_never_open_ones(parrot_engine,
         assert server.logs_pruned == 1
 
 
+async def test_a_too_long_persona_in_the_opening_config_opens_with_the_defaults(
+    parrot_engine, tmp_path, autojump_clock
+):
+    """Refused before the log takes it (the budget needs the engine's tokenizer): the session
+    opens with the defaults, says why, and streams; the log replays as served."""
+    events: list = []
+    async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
+        session = await server.open_session(
+            {"instructions": "far too many words " * 80}, client_event_id="o1"
+        )
+        server._nursery.start_soon(collect, session, events)
+        for f in session_audio(9, 3):
+            await session.append(f)
+            await trio.sleep(0.1)
+        await session.close()
+    errors = [e for e in events if isinstance(e, ev.Error)]
+    assert [(e.code, e.client_event_id) for e in errors] == [("invalid_duplex_runtime_config", "o1")]
+    assert "persona is too long" in errors[0].message
+    assert sum(isinstance(e, ev.AudioFrame) for e in events) == 3
+    records = read_log(tmp_path / f"{session.session_id}.dlog").records
+    assert [type(rec).__name__ for _, rec in records[1:3]] == ["Open", "Rejected"]
+    assert replay_logic(tmp_path / f"{session.session_id}.dlog").identical
+
+
 async def test_a_failed_reset_ends_only_that_session(parrot_engine, tmp_path, autojump_clock):
-    """A prompt the engine refuses at reset (too long for the context): that session gets the
-    error and closes; its neighbour keeps streaming."""
+    """A prompt the engine refuses at reset (too long for its context; the family's own budget
+    check is turned off here, so the engine is the one to refuse, as it would for any prompt the
+    check lets through): that session gets the error and closes; its neighbour keeps streaming."""
     events: list = []
     other_events: list = []
-    async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
+    unchecked = attrs.evolve(parrot_engine.family, prompt_positions=None)
+    async with open_duplex_server(
+        parrot_engine, log_dir=tmp_path, virtual_time=True, policy=unchecked
+    ) as server:
         other = await server.open_session()
         server._nursery.start_soon(collect, other, other_events)
         bad = await server.open_session({"instructions": "far too many words " * 80})
