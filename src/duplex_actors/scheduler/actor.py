@@ -127,7 +127,6 @@ class Scheduler:
         self._wake = trio.Event()
         self._released: dict[int, trio.Event] = {}
         self._releasing_since: dict[int, float] = {}  # slot -> when its occupant released it
-        self._release_now = False  # the round's resets include a released slot's
         self._forced_release_after = -1  # steps taken when an overdue release last went first
         self._ready_resets: set[int] = set()
         self._nursery: trio.Nursery | None = None
@@ -262,10 +261,10 @@ class Scheduler:
             try:
                 while True:
                     ready = await self._wait_for_work()
-                    if ready is None:
+                    if not isinstance(ready, tuple):
                         # Resets first, then ask again: a reset neither steps a stale frame
                         # nor makes an undersized batch.
-                        await self._apply_resets()
+                        await self._apply_resets(releases=ready)
                         self._resets_applied()
                         continue
                     await self._step_once(*ready)
@@ -320,8 +319,9 @@ class Scheduler:
             state=self._policy_state,
         )
 
-    async def _wait_for_work(self) -> tuple[SchedulerView, StepNow] | None:
-        """The next step (with the view it was decided on), or None when resets are due."""
+    async def _wait_for_work(self) -> tuple[SchedulerView, StepNow] | bool:
+        """The next step (with the view it was decided on), or, when resets are due, whether a
+        released slot's is among them."""
         while True:
             view = self._view()
             decision = self.policy.decide(self.clock.now(), view)
@@ -329,10 +329,9 @@ class Scheduler:
                 self._tick_held(decision.held_tick)
             prompts, releases = self._resets_due(decision)
             if prompts or releases:
-                self._release_now = releases
                 if releases and isinstance(decision, StepNow):
                     self._forced_release_after = self._ticks  # overdue: the next after a step
-                return None
+                return releases
             if isinstance(decision, StepNow):
                 return view, decision
             if math.isinf(decision.at):
@@ -342,7 +341,8 @@ class Scheduler:
                     await self._wake.wait()
             self._wake = trio.Event()
 
-    async def _apply_resets(self) -> None:
+    async def _apply_resets(self, *, releases: bool) -> None:
+        """The prepared prompts' resets, and with ``releases`` one released slot's."""
         for entry in self.table.slots:
             request = entry.pending_reset
             if request is not None and entry.index in self._ready_resets and not entry.releasing:
@@ -358,7 +358,7 @@ class Scheduler:
                     entry.pending_reset = None
                     self._ready_resets.discard(entry.index)
                 self._resets += 1
-        if not self._release_now:
+        if not releases:
             return
         for entry in self.table.slots:
             if entry.releasing:
