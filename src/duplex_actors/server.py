@@ -164,7 +164,7 @@ class SessionHandle:
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""
         json.dumps(config, allow_nan=False)
-        refusal = self._context_refusal(config)
+        refusal = context_refusal(self.core, config, self.core.config)
         if refusal is not None:
             await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
             return
@@ -172,11 +172,6 @@ class SessionHandle:
         # (no session.updated ahead of its record), and the client's next append must be
         # parsed with the config it sets (its input format and rate).
         await self._send(r.Update(dict(config), client_event_id), applied=True)
-
-    def _context_refusal(self, config: Mapping[str, Any]) -> str | None:
-        if "instructions" not in config and "voice" not in config:
-            return None
-        return context_refusal(self.core, {**self.core.config, **config})
 
     async def cancel(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.Cancel(client_event_id))
@@ -369,7 +364,7 @@ class DuplexServer:
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
         # opening config is (spec: the session opens with the defaults, then an error).
-        refusal = context_refusal(core, config) if "instructions" in config or "voice" in config else None
+        refusal = context_refusal(core, config)
         if refusal is not None:
             config = {}
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
@@ -465,12 +460,17 @@ class DuplexServer:
             await actor.done.wait()
 
 
-def context_refusal(core: SessionCore, config: Mapping[str, Any]) -> str | None:
-    """Why ``config``'s prompt cannot fit the model's context, or None. Asked before logging:
-    the budget needs the engine's tokenizer, which a logic replay lacks, so the verdict goes
-    into the log as a ``rejected`` record rather than being the core's."""
+def context_refusal(
+    core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> str | None:
+    """Why the prompt of ``base`` updated with ``changes`` cannot fit the model's context, or
+    None (also when ``changes`` touch neither voice nor persona). Asked before logging: the
+    budget needs the engine's tokenizer, which a logic replay lacks, so the verdict goes into
+    the log as a ``rejected`` record rather than being the core's."""
+    if "instructions" not in changes and "voice" not in changes:
+        return None
     try:
-        prompt = core.validated(config)
+        prompt = core.validated({**(base or {}), **changes})
     except Exception:
         return None  # the core refuses it itself, with its own code
     try:
