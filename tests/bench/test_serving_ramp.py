@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 from hypothesis import given
 from hypothesis import strategies as st
 
+from .loader import load_bench
 
-def _serving() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serving"] = module  # dataclasses look their module up
-    sys.path.insert(0, str(path.parent))  # its sibling modules (machine.py, ...)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
-
-
-serving = _serving()
+serving = load_bench("serving.py", "bench_serving")
 
 
 @given(threshold=st.integers(0, 40), cap=st.integers(1, 40), doubling=st.booleans())

@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from .loader import load_bench
 
-
-def _tick_sim() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "tick_sim.py"
-    spec = importlib.util.spec_from_file_location("bench_tick_sim", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_tick_sim"] = module  # attrs classes look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-tick_sim = _tick_sim()
+tick_sim = load_bench("tick_sim.py", "bench_tick_sim")
 
 
 def test_a_hinted_client_frame_holds_the_pad() -> None:
