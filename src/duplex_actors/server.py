@@ -338,21 +338,26 @@ class DuplexServer:
         With ``reservation`` (from :meth:`reserve`) the session takes that slot; a reservation
         that does not become a session (refused while not accepting, a bad config) is released."""
         try:
+            # A cancelled caller gets no session; once one exists, the caller gets it (the
+            # opening has no checkpoint after this one) and closes it when it ends.
+            await trio.lowlevel.checkpoint_if_cancelled()
             self._check_admitting()
             json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
             session_id = self._session_ids()
             self.opening.add(session_id)
             try:
-                return await self._open(
+                handle = self._open(
                     session_id, dict(config or {}), dialect, output, client_event_id, reservation
                 )
             finally:
                 self.opening.discard(session_id)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return handle
         finally:
             if reservation is not None:
                 reservation.release()  # no-op once taken
 
-    async def _open(
+    def _open(
         self,
         session_id: str,
         config: dict[str, Any],
@@ -417,11 +422,14 @@ class DuplexServer:
             package_version=__version__,
             created_at=time.time(),
         )
-        await actor.send(header)
-        await actor.send(r.Open(config, client_event_id))
+        # From the slot's occupancy to the actor's task there is no checkpoint: a caller
+        # cancelled here (its client gone right after the upgrade) would leave a registered
+        # session that nothing runs or closes, holding its slot.
+        actor.send_nowait(header)
+        actor.send_nowait(r.Open(config, client_event_id))
         if refusal is not None:
             opening = "session.create" if dialect == "native" else "session.update"
-            await actor.send(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
+            actor.send_nowait(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
         self._nursery.start_soon(self._run_session, actor)
         return SessionHandle(actor, receive)
 

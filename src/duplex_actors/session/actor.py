@@ -195,6 +195,14 @@ class SessionActor:
         while self._commands_done < ordinal and not self.done.is_set():
             await self._progress.wait()
 
+    def send_nowait(self, record: r.Record) -> None:
+        """Queue a command that is not an append without waiting (the opening's records, into
+        an inbox that has room for them); ``RuntimeError`` when the inbox is full."""
+        if isinstance(record, r.Append):
+            raise TypeError("appends go through send() or send_append_nowait()")
+        if self.inbox.put_command_nowait(record) is None:
+            raise RuntimeError(f"session {self.session_id}: the inbox is full")
+
     def send_append_nowait(self, record: r.Append) -> bool:
         """Queue an append when that needs no wait (room in the inbox, the backlog within its
         soft budget or the append past the hard limit, see :meth:`wait_for_input_room`);
