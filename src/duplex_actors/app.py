@@ -71,8 +71,10 @@ from .web.hardening import (
     end_oversize_streams,
     guard_connections,
     open_connections,
+    peer_error,
     raise_descriptor_limit,
     refuse_permessage_deflate,
+    report_peer_error,
 )
 from .web.page import install_page_routes
 
@@ -553,7 +555,12 @@ async def _run_connection(
     holder.add_connection(conn)
     try:
         await _open_and_run(conn, dialect, holder.config.model, server, holder.config, ws)
-    except Exception:
+    except Exception as exc:
+        error = peer_error(exc)
+        if error is not None:  # the socket is broken: nothing more can be said on it
+            if report_peer_error(ws.scope.get("path", "websocket"), error):
+                holder.counters.connection_errors[type(error).__name__] += 1
+            return
         log.exception("connection failed")
         holder.counters.connection_errors["handler"] += 1
         with trio.CancelScope(shield=True):

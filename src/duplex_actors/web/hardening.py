@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import array
+import contextvars
 import fcntl
 import logging
 import math
@@ -46,6 +47,7 @@ from typing import Any
 import attrs
 import h11
 import trio
+import wsproto.utilities
 from hypercorn.config import Config, Sockets
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol import ws_stream
@@ -114,6 +116,56 @@ def open_connections() -> int:
     return _open_connections
 
 
+# What a peer that breaks HTTP or WebSocket causes in our sends (data after the upgrade request
+# makes hypercorn answer 400 itself, and the app's 101 then fails; a reset fails a send).
+_PEER_ERRORS: tuple[type[BaseException], ...] = (
+    h11.LocalProtocolError,
+    h11.RemoteProtocolError,
+    wsproto.utilities.LocalProtocolError,
+    wsproto.utilities.RemoteProtocolError,
+    trio.BrokenResourceError,
+)
+
+
+def peer_error(exc: BaseException) -> BaseException | None:
+    """The first error when every error in ``exc`` (a group included) is one a peer's
+    misbehaviour causes; None when any of them is the server's own."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [peer_error(inner) for inner in exc.exceptions]
+        return leaves[0] if leaves and all(leaf is not None for leaf in leaves) else None
+    return exc if isinstance(exc, _PEER_ERRORS) else None
+
+
+@attrs.define
+class _PeerErrorReport:
+    reported: bool = False
+
+
+# One per TCP connection, set by its ``run``; the app's tasks inherit it with their context.
+_peer_error_report: contextvars.ContextVar[_PeerErrorReport | None] = contextvars.ContextVar(
+    "duplex_peer_error_report", default=None
+)
+
+
+def report_peer_error(where: str, error: BaseException) -> bool:
+    """One WARNING line per connection for a peer's protocol error (the app's handler and
+    hypercorn's connection task both see it), never a traceback; False when this connection's
+    was already reported (so it is counted once)."""
+    report = _peer_error_report.get()
+    if report is not None and report.reported:
+        log.debug("peer protocol error (%s, already reported): %r", where, error)
+        return False
+    if report is not None:
+        report.reported = True
+    log.warning(
+        "dropped a connection after the peer's protocol error (%s): %s: %s",
+        where,
+        type(error).__name__,
+        error,
+    )
+    return True
+
+
 def _dropped(reason: str) -> None:
     for hook in _on_connection_dropped:
         hook(reason)
@@ -131,12 +183,16 @@ async def _guarded_tcp_run(self: Any) -> None:
         self.config.keep_alive_timeout = _limits.keep_alive_timeout_s  # the hypercorn entry's DUPLEX_*
     _open_connections += 1
     self._duplex_counted = True
+    _peer_error_report.set(_PeerErrorReport())
     try:
         await _original_tcp_run(self)
     except Exception as exc:  # e.g. h11 LocalProtocolError after a bad upgrade (hypercorn #225)
-        log.warning("dropped a connection after a protocol error: %r", exc)
-        for hook in _on_connection_error:
-            hook(type(exc).__name__)
+        error = peer_error(exc)
+        if error is None:
+            log.warning("dropped a connection after a protocol error: %r", exc)
+        if error is None or report_peer_error("connection", error):
+            for hook in _on_connection_error:
+                hook(type(error or exc).__name__)
     finally:
         _uncount(self)
 
@@ -419,6 +475,9 @@ class GuardedApp:
         try:
             await self.serve(scope, receive, send)
         except Exception as exc:  # one connection's failure stays with that connection
-            log.exception("connection failed: %s %s", scope.get("type"), scope.get("path"))
-            if self.on_error is not None:
-                self.on_error(type(exc).__name__)
+            error = peer_error(exc)
+            if error is None:
+                log.exception("connection failed: %s %s", scope.get("type"), scope.get("path"))
+            reported = error is None or report_peer_error(f"{scope.get('type')} {scope.get('path')}", error)
+            if self.on_error is not None and reported:
+                self.on_error(type(error or exc).__name__)
