@@ -126,9 +126,9 @@ class ModelHolder:
 
             engine = self.engine_process = EngineProcess(cfg.model, **kwargs)
         else:
-            from .model.factory import open_engine
+            from .model.factory import open_served_engine
 
-            engine = open_engine(cfg.model, **kwargs)
+            engine = open_served_engine(cfg.model, **kwargs)
         if self.faults.active:
             log.warning("DUPLEX_FAULTS is set: faults will be injected (%s)", self.faults)
             self.faults.install_log_faults()

@@ -181,7 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         default="tiny",
-        help="tiny, tiny-parrot, a checkpoint directory, or a Hugging Face repo id (default: tiny)",
+        help=(
+            "tiny, tiny-parrot, a checkpoint directory, or a Hugging Face repo id (default: tiny); "
+            "standin:STEP_MS is a benchmark tool, not a model: no weights, each step waits STEP_MS "
+            "with the GIL released and returns silence"
+        ),
     )
     serve.add_argument("--revision", default=None, help="Hugging Face revision")
     serve.add_argument("--family", choices=["personaplex", "moshi"], default=None)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .checkpoint import CheckpointFiles, checkpoint_from_dir, find_checkpoint
 from .errors import CheckpointError
 from .loading import load_checkpoint
 from .moshi_engine import MoshiEngine, PrefillMode
+from .standin import StandInEngine, is_standin
 from .tiny import ensure_builtin
 
 BUILTIN_MODELS = ("tiny", "tiny-parrot")
@@ -40,3 +43,11 @@ def open_engine(
     files = resolve_checkpoint(model, revision=revision)
     loaded = load_checkpoint(files, device=device, dtype=dtype)
     return MoshiEngine(loaded, slots=slots, family=family, prefill=prefill, torch_threads=torch_threads)
+
+
+def open_served_engine(model: str = "tiny", **kwargs: Any) -> MoshiEngine | StandInEngine:
+    """What ``serve --model`` runs: :func:`open_engine`, or for benchmarks only the weightless
+    stand-in ``standin:STEP_MS`` (``model/standin.py``)."""
+    if is_standin(model):
+        return StandInEngine(model, slots=kwargs.get("slots", 8))
+    return open_engine(model, **kwargs)

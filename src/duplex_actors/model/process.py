@@ -321,9 +321,9 @@ def _child_main(
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
     started = time.perf_counter()
     try:
-        from .factory import open_engine
+        from .factory import open_served_engine
 
-        engine = (factory or open_engine)(model, **open_kwargs)
+        engine = (factory or open_served_engine)(model, **open_kwargs)
         hello = _hello(engine, time.perf_counter() - started)
     except BaseException as exc:
         _reply_error(step_conn, exc)
