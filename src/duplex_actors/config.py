@@ -53,9 +53,9 @@ class ServerConfig:
     max_sessions: int = 8
     device: str = "cpu"
     torch_threads: int = 1
-    # Run the engine in a child process (model/process.py, docs/operations.md): its GIL is not
-    # the event loop's. Off by default until measured on the serving machines.
-    engine_process: bool = False
+    # The engine core's address (a Unix socket; abstract when it starts with NUL): set by
+    # ``serve`` for its front ends. None: the core of this log dir, started if none answers.
+    engine_core: str | None = None
     log_dir: str = "sessions"
     log_max_age_s: float | None = None
     log_max_bytes: int | None = None
@@ -143,7 +143,7 @@ class ServerConfig:
             max_sessions=integer("DUPLEX_MAX_SESSIONS", default.max_sessions),
             device=env.get("DUPLEX_DEVICE", default.device),
             torch_threads=integer("DUPLEX_TORCH_THREADS", default.torch_threads),
-            engine_process=flag("DUPLEX_ENGINE_PROCESS", default.engine_process),
+            engine_core=env.get("DUPLEX_ENGINE_CORE") or None,
             log_dir=env.get("DUPLEX_LOG_DIR", default.log_dir),
             log_max_age_s=_parse(env, "DUPLEX_LOG_MAX_AGE", float, "a number of seconds"),
             log_max_bytes=_parse(env, "DUPLEX_LOG_MAX_BYTES", int, "an integer (bytes)"),

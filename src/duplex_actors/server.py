@@ -25,7 +25,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -42,11 +42,15 @@ from .log.writer import LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
 from .opus.pool import OpusPool, open_opus_pool
-from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
+from .scheduler.actor import ResourceExhausted, Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .scheduler.policy import make_policy
 from .session import events as ev
 from .session.actor import SessionActor
+from .session.alignment import Grid
+
+if TYPE_CHECKING:
+    from .core.link import CoreLink
 from .session.core import PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [
@@ -56,6 +60,7 @@ __all__ = [
     "SessionHandle",
     "SlotReservation",
     "open_duplex_server",
+    "open_linked_server",
 ]
 
 
@@ -217,13 +222,52 @@ class SessionHandle:
         await self._actor.done.wait()
 
 
+class SlotScheduler(Protocol):
+    """What the server uses of a scheduler: the in-process :class:`Scheduler`, or a front end's
+    link to the engine core (``core/link.py``)."""
+
+    failed: BaseException | None
+
+    @property
+    def slots_total(self) -> int: ...
+    @property
+    def slots_free(self) -> int: ...
+    @property
+    def slots_releasing(self) -> int: ...
+
+    async def admit_slot(self) -> int:
+        """A free slot (``ResourceExhausted``, ``SchedulerFailed``); a slot granted is returned,
+        even to a caller cancelled meanwhile (it frees it with :meth:`free_unused`)."""
+        ...
+
+    def occupy(self, slot: int, occupant: Any) -> None: ...
+    def free_unused(self, slot: int) -> None: ...
+    def submit_nowait(
+        self, slot: int, frame_index: int, samples: npt.NDArray[np.float32], padded: bool = False
+    ) -> None: ...
+    def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
+    async def release(self, slot: int) -> None: ...
+    async def wait_reset(self, slot: int) -> None: ...
+    def grid(self) -> Grid | None: ...
+
+
+class ServedEngine(Protocol):
+    """What the server uses of the engine: slots, family, what log headers record."""
+
+    @property
+    def slots(self) -> int: ...
+    @property
+    def family(self) -> Any: ...
+    def describe(self) -> EngineDescription: ...
+
+
 class SlotReservation:
     """A slot held for a session that is not open yet (made by :meth:`DuplexServer.reserve`,
     e.g. while a WebSocket handshake is answered), so that two concurrent opens cannot both pass
     the capacity check. ``open_session(reservation=...)`` takes it; :meth:`release` (idempotent,
     also on ``with`` exit) frees a slot nobody took."""
 
-    def __init__(self, scheduler: Scheduler, slot: int) -> None:
+    def __init__(self, scheduler: SlotScheduler, slot: int) -> None:
         self.slot = slot
         self._scheduler = scheduler
         self.state = "held"  # held -> taken | released
@@ -238,7 +282,7 @@ class SlotReservation:
         if self.state != "held":
             return
         self.state = "released"
-        self._scheduler.table.free_slot(self._scheduler.table.slots[self.slot])
+        self._scheduler.free_unused(self.slot)
 
     def __enter__(self) -> SlotReservation:
         return self
@@ -247,11 +291,18 @@ class SlotReservation:
         self.release()
 
 
-class DuplexServer:
+SchedulerT = TypeVar("SchedulerT", bound=SlotScheduler)
+
+
+class DuplexServer(Generic[SchedulerT]):
+    """The sessions of one process over a scheduler: the in-process :class:`Scheduler`
+    (:func:`open_duplex_server`) or a front end's link to the engine core
+    (:func:`open_linked_server`)."""
+
     def __init__(
         self,
-        engine: ModelEngine,
-        scheduler: Scheduler,
+        engine: ServedEngine,
+        scheduler: SchedulerT,
         writer: LogWriter,
         nursery: trio.Nursery,
         *,
@@ -317,12 +368,12 @@ class DuplexServer:
         if not self.writer.healthy:
             raise LogUnavailable("a session log could not be written; not admitting sessions")
 
-    def reserve(self) -> SlotReservation:
+    async def reserve(self) -> SlotReservation:
         """Hold a free slot for a session about to open (``ResourceExhausted`` if none, or while
         not accepting; ``LogUnavailable``; ``SchedulerFailed``). Pass it to :meth:`open_session`,
         or release it."""
         self._check_admitting()
-        return SlotReservation(self.scheduler, self.scheduler.admit(_Pending()))
+        return SlotReservation(self.scheduler, await self.scheduler.admit_slot())
 
     async def open_session(
         self,
@@ -343,12 +394,11 @@ class DuplexServer:
             await trio.lowlevel.checkpoint_if_cancelled()
             self._check_admitting()
             json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
+            slot = reservation.take() if reservation is not None else await self.scheduler.admit_slot()
             session_id = self._session_ids()
             self.opening.add(session_id)
             try:
-                handle = self._open(
-                    session_id, dict(config or {}), dialect, output, client_event_id, reservation
-                )
+                handle = self._open(session_id, dict(config or {}), dialect, output, client_event_id, slot)
             finally:
                 self.opening.discard(session_id)
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -364,8 +414,9 @@ class DuplexServer:
         dialect: str,
         output: Mapping[str, Any] | None,
         client_event_id: str | None,
-        reservation: SlotReservation | None = None,
+        slot: int,
     ) -> SessionHandle:
+        """Create the session in ``slot`` (admitted for it; freed again if this raises)."""
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
         # opening config is (spec: the session opens with the defaults, then an error).
@@ -373,14 +424,10 @@ class DuplexServer:
         if refusal is not None:
             config = {}
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
-        if reservation is not None:
-            slot = reservation.take()
-        else:
-            slot = self.scheduler.admit(_Pending())
         try:
             session_log = self.writer.create(session_id)
         except Exception as exc:
-            self.scheduler.table.free_slot(self.scheduler.table.slots[slot])
+            self.scheduler.free_unused(slot)
             if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
                 # A full or unwritable log dir: the writer stops admissions until a probe works.
                 raise LogUnavailable(f"the session log cannot be created: {exc}") from exc
@@ -396,7 +443,7 @@ class DuplexServer:
         self.counters.sessions_opened += 1
         self.counters.sessions_by_dialect[dialect] += 1
         self.session_dialects[session_id] = dialect
-        self.scheduler.table.slots[slot].occupant = actor
+        self.scheduler.occupy(slot, actor)
         self.sessions[session_id] = actor
         described = self.description
         header = r.Header(
@@ -488,23 +535,6 @@ def context_refusal(
     return None
 
 
-class _Pending:
-    """Holds a slot between admission (or a reservation) and the actor's creation. It submits
-    no frames and requests no reset, so the scheduler never calls it."""
-
-    def deliver_nowait(self, result: StepResult) -> None:
-        raise AssertionError("a step result for a session that is not open yet")
-
-    def reset_failed(self, exc: BaseException) -> None:
-        raise AssertionError("a reset for a session that is not open yet") from exc
-
-    def step_failed(self, exc: BaseException) -> None:
-        raise AssertionError("a step for a session that is not open yet") from exc
-
-    def drain_nowait(self, queued: object) -> int | None:
-        raise AssertionError("a drain for a session that is not open yet")
-
-
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
     """At start-up, truncate the torn tails of logs a crash left behind (every whole record
     before the tail stays); report corrupt logs and leave them untouched."""
@@ -530,7 +560,7 @@ def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
 class _OpenSessions(AbstractSet[str]):
     """The ids of open sessions, read live: a session opened while a prune runs is kept too."""
 
-    def __init__(self, server: DuplexServer) -> None:
+    def __init__(self, server: DuplexServer[Any]) -> None:
         self._server = server
 
     def __contains__(self, name: object) -> bool:
@@ -544,7 +574,7 @@ class _OpenSessions(AbstractSet[str]):
 
 
 async def _retention(
-    server: DuplexServer,
+    server: DuplexServer[Any],
     io: Executor,
     log_dir: Path,
     max_age_s: float | None,
@@ -578,7 +608,7 @@ async def open_duplex_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
-) -> AsyncIterator[DuplexServer]:
+) -> AsyncIterator[DuplexServer[Scheduler]]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
     ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
@@ -587,8 +617,7 @@ async def open_duplex_server(
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
-    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``. While
-    the log dir cannot be written, it is probed every ``log_probe_interval_s``.
+    While the log dir cannot be written, it is probed every ``log_probe_interval_s``.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -596,13 +625,95 @@ async def open_duplex_server(
     io = io_executor(clock)
     recovered = await io.run(partial(recover_logs, log_dir))
     description = await io.run(engine.describe)
+    async with trio.open_nursery() as scheduler_nursery:
+        tick = make_policy(tick_policy, max_batch_wait_ms=max_batch_wait_ms)
+        scheduler = Scheduler(engine, clock=clock, policy=tick)
+        await scheduler_nursery.start(scheduler.run)
+        async with _serve(
+            engine,
+            scheduler,
+            description,
+            log_dir=log_dir,
+            io=io,
+            inline_io=clock.virtual,
+            limits=limits,
+            outbox_size=outbox_size,
+            fsync=fsync,
+            policy=policy,
+            session_ids=session_ids,
+            log_max_age_s=log_max_age_s,
+            log_max_bytes=log_max_bytes,
+            retention_interval_s=retention_interval_s,
+            opus_workers=opus_workers,
+            log_probe_interval_s=log_probe_interval_s,
+        ) as server:
+            server.recovered_logs = recovered
+            yield server
+        scheduler_nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_linked_server(
+    link: CoreLink,
+    *,
+    log_dir: str | Path = "sessions",
+    limits: SessionLimits | None = None,
+    outbox_size: int = 4096,
+    log_max_age_s: float | None = None,
+    log_max_bytes: int | None = None,
+    retention_interval_s: float = 60.0,
+    opus_workers: int | None = None,
+    log_probe_interval_s: float = 5.0,
+) -> AsyncIterator[DuplexServer[CoreLink]]:
+    """The sessions of one front end over its ``link`` to the engine core (which must be
+    running). The core recovered the logs a crash left before any front end started."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    async with _serve(
+        link.engine,
+        link,
+        link.engine.describe(),
+        log_dir=log_dir,
+        io=io_executor(REAL_TIME),
+        inline_io=False,
+        limits=limits,
+        outbox_size=outbox_size,
+        fsync=True,
+        policy=None,
+        session_ids=new_session_id,
+        log_max_age_s=log_max_age_s,
+        log_max_bytes=log_max_bytes,
+        retention_interval_s=retention_interval_s,
+        opus_workers=opus_workers,
+        log_probe_interval_s=log_probe_interval_s,
+    ) as server:
+        yield server
+
+
+@asynccontextmanager
+async def _serve(
+    engine: ServedEngine,
+    scheduler: SchedulerT,
+    description: EngineDescription,
+    *,
+    log_dir: Path,
+    io: Executor,
+    inline_io: bool,
+    limits: SessionLimits | None,
+    outbox_size: int,
+    fsync: bool,
+    policy: PromptPolicy | None,
+    session_ids: Callable[[], str],
+    log_max_age_s: float | None,
+    log_max_bytes: int | None,
+    retention_interval_s: float,
+    opus_workers: int | None,
+    log_probe_interval_s: float,
+) -> AsyncIterator[DuplexServer[SchedulerT]]:
     async with open_log_writer(
-        log_dir, fsync=fsync, inline_io=clock.virtual, probe_interval_s=log_probe_interval_s
+        log_dir, fsync=fsync, inline_io=inline_io, probe_interval_s=log_probe_interval_s
     ) as writer:
         async with trio.open_nursery() as nursery:
-            tick = make_policy(tick_policy, max_batch_wait_ms=max_batch_wait_ms)
-            scheduler = Scheduler(engine, clock=clock, policy=tick)
-            await nursery.start(scheduler.run)
             server = DuplexServer(
                 engine,
                 scheduler,
@@ -614,7 +725,6 @@ async def open_duplex_server(
                 description=description,
                 session_ids=session_ids,
             )
-            server.recovered_logs = recovered
             server.opus_workers = opus_workers
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(

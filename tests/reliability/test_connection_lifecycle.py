@@ -271,11 +271,14 @@ async def test_a_pause_longer_than_the_idle_timeout_closes_only_the_silent_sessi
                     nursery.start_soon(stream, client, 100)  # 8 s
                 await a.wait_until(lambda: received_frames(a) >= 5)
                 await trio.sleep(1.0)  # the silent session has been idle for >= 1 s
-                os.kill(server.proc.pid, signal.SIGSTOP)
+                paused = server.pids  # the engine core and its front end alike
+                for pid in paused:
+                    os.kill(pid, signal.SIGSTOP)
                 try:
                     await trio.sleep(3.0)
                 finally:
-                    os.kill(server.proc.pid, signal.SIGCONT)
+                    for pid in paused:
+                        os.kill(pid, signal.SIGCONT)
                 t_cont = time.monotonic()
                 before = [received_frames(x) for x in streaming]
                 for x, n in zip(streaming, before, strict=True):

@@ -287,6 +287,7 @@ class Node:
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
+                start_new_session=True,  # its group: the engine core and its front ends
             )
 
     def ready(self) -> bool:

@@ -395,16 +395,22 @@ def _reply_error(conn: Connection, exc: BaseException) -> bool:
     return True
 
 
-def _hello(engine: Any, build_s: float) -> _Hello:
+def prompt_length_table(engine: Any) -> tuple[dict[str, int] | None, str | None]:
+    """What another process needs to check prompt lengths without the engine: per voice the
+    prefill positions of an empty persona, and the tokenizer's file (None, None: no check)."""
     from .moshi_engine import MoshiEngine
     from .personaplex import prefill_positions
 
     family: ModelFamily = engine.family
-    base: dict[str, int] | None = None
-    tokenizer: str | None = None
-    if family.prompt_positions is not None and isinstance(engine, MoshiEngine):
-        base = {name: prefill_positions(engine.voice(name), 0) for name in family.voices}
-        tokenizer = str(engine.checkpoint.files.tokenizer)
+    if family.prompt_positions is None or not isinstance(engine, MoshiEngine):
+        return None, None
+    base = {name: prefill_positions(engine.voice(name), 0) for name in family.voices}
+    return base, str(engine.checkpoint.files.tokenizer)
+
+
+def _hello(engine: Any, build_s: float) -> _Hello:
+    family: ModelFamily = engine.family
+    base, tokenizer = prompt_length_table(engine)
     return _Hello(
         pid=os.getpid(),
         slots=engine.slots,

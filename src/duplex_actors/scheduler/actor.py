@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import attrs
@@ -147,6 +147,10 @@ class Scheduler:
         self._drained = 0
         self._wait_sum = 0.0
         self._wait_hist = [0] * len(WAIT_BUCKETS)
+        # Called after a step's results (or its failure) were handed to every occupant, and
+        # after a slot's reset for an epoch was applied: the engine core flushes its links there.
+        self.after_step: list[Callable[[], None]] = []
+        self.after_reset: list[Callable[[int, int], None]] = []
 
     # -- the API sessions use (never blocks) ------------------------------------------------------
     def admit(self, occupant: Occupant) -> int:
@@ -160,12 +164,41 @@ class Scheduler:
         self._policy_state = self._policy_state.fresh(slot.index)
         return slot.index
 
+    async def admit_slot(self) -> int:
+        """:meth:`admit` for a session not created yet (:meth:`occupy` names it); no checkpoint."""
+        return self.admit(_Unoccupied())
+
+    def occupy(self, slot: int, occupant: Occupant) -> None:
+        self.table.slots[slot].occupant = occupant
+
+    def free_unused(self, slot: int) -> None:
+        """A slot admitted for a session that never opened (nothing to reset)."""
+        self.table.free_slot(self.table.slots[slot])
+
+    @property
+    def slots_total(self) -> int:
+        return self.engine.slots
+
+    @property
+    def slots_free(self) -> int:
+        return self.table.free
+
+    @property
+    def slots_releasing(self) -> int:
+        return sum(1 for entry in self.table.slots if entry.releasing)
+
     def submit_nowait(
-        self, slot: int, frame_index: int, samples: npt.NDArray[np.float32], padded: bool = False
+        self,
+        slot: int,
+        frame_index: int,
+        samples: npt.NDArray[np.float32],
+        padded: bool = False,
+        at: float | None = None,
     ) -> None:
-        """Queue a complete frame (``padded``: it holds alignment pad samples, see SlotView)."""
+        """Queue a complete frame (``padded``: it holds alignment pad samples, see SlotView;
+        ``at``: when it was complete, if not now)."""
         entry = self.table.slots[slot]
-        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now(), padded))
+        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now() if at is None else at, padded))
         self._wake.set()
 
     def request_reset(self, slot: int, epoch: int, prompt: SessionPrompt | None) -> None:
@@ -357,6 +390,8 @@ class Scheduler:
                 if entry.pending_reset is request:
                     entry.pending_reset = None
                     self._ready_resets.discard(entry.index)
+                    for listener in self.after_reset:
+                        listener(entry.index, epoch)
                 self._resets += 1
         if not releases:
             return
@@ -449,6 +484,8 @@ class Scheduler:
                 self._dropped["step_failed"] += len(entry.frames)
                 entry.frames.clear()
                 occupant.step_failed(exc)
+            for listener in self.after_step:
+                listener()
             return
         elapsed = self.clock.now() - started
         self._recent_steps.append(elapsed)
@@ -459,6 +496,24 @@ class Scheduler:
         self._step_hist[_bucket(STEP_BUCKETS, elapsed)] += 1
         for index, occupant, epoch, frame_index in routes:
             occupant.deliver_nowait(StepResult(epoch, frame_index, outputs[index]))
+        for listener in self.after_step:
+            listener()
+
+
+class _Unoccupied:
+    """The occupant of a slot admitted before its session exists (no frame can reach it)."""
+
+    def deliver_nowait(self, result: StepResult) -> None:
+        raise AssertionError("a step result for a slot whose session is not open yet")
+
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a reset for a slot whose session is not open yet")
+
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a step for a slot whose session is not open yet")
+
+    def drain_nowait(self, queued: object) -> int | None:
+        raise AssertionError("a drain for a slot whose session is not open yet")
 
 
 def _rms(samples: npt.NDArray[np.float32]) -> float:

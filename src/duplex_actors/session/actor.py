@@ -133,11 +133,8 @@ class SessionActor:
 
     # -- the Occupant interface of the scheduler -------------------------------------------------
     def deliver_nowait(self, result: Any) -> None:
-        if self.inbox.closed:  # stepped while the session ended: count it as dropped
-            self._count_dropped_at_close(1)
-            return
         out = result.output
-        self.inbox.put_result_nowait(
+        self.deliver_record_nowait(
             r.Step(
                 epoch=result.epoch,
                 frame_index=result.frame_index,
@@ -149,6 +146,13 @@ class SessionActor:
                 pcm16=float_to_pcm16(out.pcm),
             )
         )
+
+    def deliver_record_nowait(self, record: r.Step) -> None:
+        """A step result as its log record (the engine core's link sends them so)."""
+        if self.inbox.closed:  # stepped while the session ended: count it as dropped
+            self._count_dropped_at_close(1)
+            return
+        self.inbox.put_result_nowait(record)
 
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
@@ -285,19 +289,30 @@ class SessionActor:
         ((frame_index, rms), oldest first) the lowest-energy frame (the oldest of equals) is
         dropped; its ``drain`` record goes through the inbox, so it is logged and applied in
         order with everything else. None: not drained (alignment off, or the session ending)."""
-        if (
-            not queued
-            or self.core.alignment == "off"
+        if not queued or not self.drainable():
+            return None
+        index = min(queued, key=lambda item: item[1])[0]
+        self.drained_nowait(index)
+        return index
+
+    def drainable(self) -> bool:
+        """Whether a queued frame of this session may be drained now."""
+        return not (
+            self.core.alignment == "off"
             or self.inbox.closed
             or self.log_error is not None
             or self.core.state not in (State.OPEN, State.RESPONDING)
-        ):
-            return None
-        index = min(queued, key=lambda item: item[1])[0]
-        self.inbox.put_result_nowait(r.Drain(index))
+        )
+
+    def drained_nowait(self, frame_index: int) -> bool:
+        """The scheduler dropped queued frame ``frame_index``: log and apply its ``drain``
+        record in order with everything else. False when the session has ended meanwhile."""
+        if self.inbox.closed:
+            return False
+        self.inbox.put_result_nowait(r.Drain(frame_index))
         if self.counters is not None:
             self.counters.dropped["drained"] += 1
-        return index
+        return True
 
     async def _align(self, record: r.Append, arrival: float) -> r.Record | None:
         """Ask the aligner about an append about to be logged; log its pad or hint first.

@@ -124,7 +124,7 @@ class ApiChatDialect:
 class ApiChatConnection(Connection):
     def __init__(
         self,
-        server: DuplexServer,
+        server: DuplexServer[Any],
         transport: Transport,
         *,
         dialect: ApiChatDialect,

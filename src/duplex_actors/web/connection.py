@@ -96,7 +96,7 @@ class Transport:
 class Connection:
     def __init__(
         self,
-        server: DuplexServer,
+        server: DuplexServer[Any],
         transport: Transport,
         *,
         dialect: Dialect,
