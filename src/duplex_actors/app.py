@@ -215,6 +215,7 @@ class ModelHolder:
         address = cfg.engine_core or await ensure_engine_core(cfg)
         link = await connect_core(address, timeout_s=CORE_START_TIMEOUT_S)
         if link.engine.description.model_id != cfg.model:
+            await link.aclose()
             raise CoreUnavailable(
                 f"the engine core at this log dir serves {link.engine.description.model_id!r}, "
                 f"not {cfg.model!r}: another server uses {cfg.log_dir}"
@@ -247,7 +248,7 @@ class ModelHolder:
                 self.loaded_at = time.time()
                 self._started.set()
                 await link.closed.wait()
-                self.error = f"the engine core is gone: {link.failed}"
+                self.error = str(link.failed)
                 log.error("%s: this front end takes no more sessions", self.error)
                 await server.wait_no_sessions()
             nursery.cancel_scope.cancel()

@@ -238,6 +238,12 @@ class CoreLink:
             self._input.close()
             self._output.close()
 
+    async def aclose(self) -> None:
+        """Close a link that never ran (:meth:`run` closes its own)."""
+        await self._stream.aclose()
+        self._input.close()
+        self._output.close()
+
     def _check_alive(self) -> None:
         if self.failed is not None:
             from ..scheduler.actor import SchedulerFailed
