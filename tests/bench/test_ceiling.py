@@ -64,6 +64,7 @@ def test_front_end_cpu_per_frame_sums_the_front_ends_over_the_frames() -> None:
     )
     assert cpu["frontends"] == 2
     assert cpu["frontend_us_per_frame"] == 300.0  # (2 + 1) s / 10 000 frames
+    assert cpu["frontend_main_thread_us_per_frame"] == 250.0  # (1.5 + 1) s: tid == pid
     assert cpu["frontend_busiest_pct"] == 20.0
     assert cpu["engine_cpu_ms_per_tick"] == 4.0  # 0.5 s / 125 steps
     fe0 = next(p for p in cpu["processes"] if p["pid"] == 1)
@@ -87,7 +88,8 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
     assert (row["arm"], row["k"], row["n"], row["chunk_ms"]) == ("realtime-80", None, 4, 80)
     for key in (
         "held", "reasons", "coverage", "lost", "lat_p50", "lat_p99", "step_ms", "frames", "window_s",
-        "frontends", "frontend_us_per_frame", "frontend_busiest_pct", "engine_cpu_ms_per_tick",
+        "frontends", "frontend_us_per_frame", "frontend_main_thread_us_per_frame", "frontend_busiest_pct",
+        "engine_cpu_ms_per_tick",
         "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "server", "cpu",
     ):  # fmt: skip
         assert key in row, key

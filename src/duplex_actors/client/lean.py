@@ -95,6 +95,8 @@ from .server_metrics import http_base, scrape_now, server_figures
 from .stats import Delta, continuity, percentiles
 
 OPEN_CONCURRENCY: Final = 32
+# One receive buffer for every socket (one thread): recv(n) would allocate n bytes each call, and
+# past malloc's mmap threshold that is an mmap and a munmap per message.
 RECV_BYTES: Final = 256 * 1024
 START_DELAY_S: Final = 0.2  # from the last session opened to the first send
 CLOSE_TIMEOUT_S: Final = 3.0
@@ -281,6 +283,8 @@ class LeanLoad:
             LeanSession(i, off) for i, off in enumerate(start_offsets(opts.sessions, opts.phases, opts.seed))
         ]
         self.poller = _Poller()
+        self._recv_buffer = bytearray(RECV_BYTES)
+        self._recv_view = memoryview(self._recv_buffer)
         self.by_fd: dict[int, LeanSession] = {}
         self.heap: list[tuple[float, int, int]] = []  # (due, session index, generation)
         self.t0 = 0.0
@@ -358,16 +362,17 @@ class LeanLoad:
         if sock is None:
             return
         try:
-            data = sock.recv(RECV_BYTES)
+            got = sock.recv_into(self._recv_buffer)
         except BlockingIOError:
             return
         except OSError as exc:
             self._lost(s, f"recv failed: {exc}")
             return
-        if not data:
+        if not got:
             self._lost(s, f"closed by the server ({s.close_code} {s.close_reason or ''})".strip())
             return
         now = time.monotonic()
+        data = self._recv_view[:got].tobytes()
         if s.state == "upgrading":
             answer = parse_handshake(s.head + data, s.key)
             if answer is None:
