@@ -20,8 +20,9 @@ prints a marker, and the bench samples the server there:
 - CPU (``/proc/PID/stat`` utime + stime, and per thread) of the serve process and every
   descendant, each labelled by its name (``/proc/PID/comm``, which ``prctl(PR_SET_NAME)`` sets)
   and command line: the engine core (``--engine-pattern``, default ``engine``; today's
-  ``--engine-process`` child too), multiprocessing helpers, and the front ends (every other
-  process; today's single process is one). Front-end CPU per session-frame = their CPU over the
+  ``--engine-process`` child too), helpers (multiprocessing's, Opus workers, a process named
+  ``*supervisor*``), and the front ends (every other process; today's single process, engine
+  thread included, is one; their main threads, the event loops, are also counted apart). Front-end CPU per session-frame = their CPU over the
   window / the frames the server sent in it (``duplex_frames_out_total``); the busiest one's % of
   a core; the engine core's CPU per tick (per step);
 - the step's wall time from ``/metrics`` (``duplex_step_duration_seconds`` sum / count over the
@@ -204,7 +205,7 @@ def role(pid: int, proc: dict[str, Any], root: int, engine_pattern: str, engine_
     text = f"{proc['comm']} {proc['cmdline']}"
     if re.search(engine_pattern, proc["comm"]) or re.search(engine_pattern, proc["cmdline"]):
         return "engine"
-    if re.search(r"resource_tracker|semaphore_tracker|forkserver|opus", text):
+    if re.search(r"resource_tracker|semaphore_tracker|forkserver|opus|supervisor", text):
         return "helper"
     if engine_process and pid != root and "multiprocessing" in text:
         return "engine"  # today's --engine-process child: a spawned multiprocessing process
@@ -688,7 +689,7 @@ def run_tiny(
             )
             pair[label] = row
             log(
-                f"tiny K={_f(k)} {label} (N={n}): step {_f(row['step_ms'], 2)} ms, latency p50 {_f(row['lat_p50'])} / p99 {_f(row['lat_p99'])} ms, coverage {_f(row['coverage'], 4)}, front-end {_f(row['frontend_us_per_frame'])} us per frame"
+                f"tiny K={_f(k)} {label} (N={n}): step {_f(row['step_ms'], 2)} ms, latency p50 {_f(row['lat_p50'])} / p99 {_f(row['lat_p99'])} ms, coverage {_f(row['coverage'], 4)}, front-end processes {_f(row['frontend_us_per_frame'])} us per frame (their main threads {_f(row['frontend_main_thread_us_per_frame'])})"
             )
         idle, busy = pair["idle"]["step_ms"], pair["traffic"]["step_ms"]
         pair["step_ratio"] = round(busy / idle, 3) if idle and busy else None
@@ -709,6 +710,11 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def frontend_values(text: str) -> list[int | None]:
+    """``--frontends``: K values; ``default`` runs the server without the flag."""
+    return [None if x.strip() == "default" else int(x) for x in text.split(",") if x.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench/ceiling.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
@@ -719,9 +725,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--frontends",
-        type=ints,
+        type=frontend_values,
         default=[],
-        help="K values, e.g. 1,2: serve --frontends K per search (default: the flag is not passed)",
+        help="K values, e.g. 1,2: serve --frontends K per search; 'default' runs serve without the "
+        "flag, e.g. default,1,2 (default: the flag is never passed)",
     )
     p.add_argument("--ns", type=ints, default=list(DEFAULT_NS), help="the N ramp (default %(default)s)")
     p.add_argument(

@@ -47,6 +47,18 @@ def test_processes_are_labelled_by_name_and_command_line() -> None:
     assert ceiling.role(4, tracker, 1, "engine", True) == "helper"
     assert ceiling.role(5, spawned, 1, "engine", True) == "engine"  # today's --engine-process
     assert ceiling.role(5, spawned, 1, "engine", False) == "frontend"
+    assert ceiling.role(1, proc("duplex-supervisor", "python"), 1, "engine", False) == "helper"
+
+
+def test_k_values_may_name_the_server_default() -> None:
+    assert ceiling.frontend_values("default,1,2") == [None, 1, 2]
+    assert ceiling.build_parser().parse_args(
+        ["--serve-args=--engine-process --tick-policy grid"]
+    ).serve_args == [
+        "--engine-process",
+        "--tick-policy",
+        "grid",
+    ]
 
 
 def test_front_end_cpu_per_frame_sums_the_front_ends_over_the_frames() -> None:
