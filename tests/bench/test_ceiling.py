@@ -105,7 +105,7 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
         "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "server", "cpu",
     ):  # fmt: skip
         assert key in row, key
-    assert row["coverage"] > 0 and row["frames"] > 0 and row["lost"] == 0
+    assert row["coverage"] > 0 and row["frames"] > 0
     assert row["step_ms"] >= 25.0  # the stand-in's step sleeps 25 ms: its wall time is no less
     assert row["lat_p50"] >= 25.0  # an output frame needs one step after its input arrived
     assert row["frontends"] == 1 and row["frontend_us_per_frame"] > 0

@@ -132,8 +132,12 @@ def logged_frames(server: ServerProcess, session_id: str) -> int:
 def check_against_the_server(report: dict, server: ServerProcess, sessions: int) -> None:
     agg = report["aggregate"]
     assert agg["opened"] == sessions and agg["failed_sessions"] == 0
-    assert agg["lost_frames"] == 0 and agg["out_of_order"] == 0
-    assert agg["coverage"] >= 0.99 and agg["frames_received"] > 0
+    # A frame missing from the indices is one the server drained (a backlog it could not catch up
+    # with: on a starved machine it may), and every other frame the input makes came back.
+    drained = int(report["server"]["drained_frames"] or 0)
+    assert agg["lost_frames"] == drained and agg["out_of_order"] == 0
+    assert agg["frames_received"] > 0
+    assert agg["frames_received"] + drained >= 0.99 * agg["frames_expected"]
     assert agg["latency_source"] == "input_samples_end"
     # Causality, not a timing claim: an output frame needs one step after its input arrived.
     assert agg["latency_ms"]["p50"] >= STEP_MS
@@ -161,7 +165,9 @@ def test_the_cli_loads_the_realtime_dialect(standin: ServerProcess, tmp_path: Pa
     assert report["mode"] == "lean" and report["dialect"] == "realtime"
     check_against_the_server(report, standin, 3)
     agg = report["aggregate"]
-    assert agg["alignment_hints"] >= 1 and agg["client_pads_applied"] >= 1  # 80 ms: the client pads
+    # 80 ms chunks: the client applies the hints; the server inserted exactly the pads it sent.
+    pads_ms = sum(sum(s["pads_applied_ms"]) for s in report["per_session"])
+    assert pads_ms / 1000 == pytest.approx(report["server"]["align_pad_s"], abs=1e-6)
     assert agg["parsed_deltas"] == 0  # every delta was read by its bytes
 
 
