@@ -82,11 +82,11 @@ from .lean_wire import (
     Messages,
     WebSocketViolation,
     binary_frame_position,
-    client_frame,
     close_payload,
     delta_position,
     handshake_key,
     handshake_request,
+    masked_frame,
     parse_handshake,
     text_audio_delta,
 )
@@ -404,7 +404,7 @@ class LeanLoad:
                 else:
                     self._event(s, payload, now)
             elif opcode == OP_PING:
-                self._send(s, client_frame(OP_PONG, payload))
+                self._send(s, masked_frame(OP_PONG, payload))
             elif opcode == OP_CLOSE:
                 s.close_code, reason = close_payload(payload)
                 s.close_reason = reason

@@ -1,8 +1,8 @@
 """The wire of ``duplex-load --lean`` (pure, no I/O): a minimal WebSocket client framing, the
 upgrade handshake, the pre-encoded messages, and a cheap reading of the server's replies.
 
-WebSocket (RFC 6455) as far as a load client needs it: client frames are masked and sent whole
-(FIN set, no extensions, no subprotocol); server frames are unmasked, fragments are joined, and
+WebSocket (RFC 6455) as far as a load client needs it: client frames (``client/frames.py``) are
+masked and sent whole (FIN set, no extensions, no subprotocol); server frames are unmasked, fragments are joined, and
 control frames (ping, close) come out as they arrive. The masking key of a pre-encoded message is
 drawn once and the same bytes go to every session (the key is there to stop cache poisoning
 through proxies, which a benchmark on loopback does not meet).
@@ -32,6 +32,7 @@ import numpy as np
 
 from ..audio import FRAME_PCM16_BYTES, FRAME_SAMPLES, SAMPLE_RATE
 from .audio import append_message
+from .frames import client_frame
 
 OP_CONTINUATION: Final = 0x0
 OP_TEXT: Final = 0x1
@@ -54,32 +55,13 @@ class WebSocketViolation(Exception):
 
 
 # -- client frames -----------------------------------------------------------------------------
-def apply_mask(data: bytes, key: bytes) -> bytes:
-    """``data`` XOR the 4-byte ``key`` repeated (RFC 6455 section 5.3; its own inverse)."""
-    n = len(data)
-    if n == 0:
-        return b""
-    stream = (key * (n // 4 + 1))[:n]
-    return (int.from_bytes(data, "little") ^ int.from_bytes(stream, "little")).to_bytes(n, "little")
-
-
-def client_frame(opcode: int, payload: bytes, key: bytes | None = None) -> bytes:
-    """One whole, masked client frame (FIN set); ``key``: the masking key (random when None)."""
-    key = os.urandom(4) if key is None else key
-    if len(key) != 4:
-        raise ValueError("a masking key is 4 bytes")
-    n = len(payload)
-    if n < 126:
-        head = bytes((0x80 | opcode, 0x80 | n))
-    elif n < 1 << 16:
-        head = bytes((0x80 | opcode, 0x80 | 126)) + _LEN16.pack(n)
-    else:
-        head = bytes((0x80 | opcode, 0x80 | 127)) + _LEN64.pack(n)
-    return head + key + apply_mask(payload, key)
+def masked_frame(opcode: int, payload: bytes) -> bytes:
+    """One whole client frame (FIN set) masked with a fresh random key (``client/frames.py``)."""
+    return client_frame(opcode, payload, mask=os.urandom(4))
 
 
 def close_frame(code: int = 1000, reason: str = "") -> bytes:
-    return client_frame(OP_CLOSE, _CLOSE_CODE.pack(code) + reason.encode("utf-8")[:120])
+    return masked_frame(OP_CLOSE, _CLOSE_CODE.pack(code) + reason.encode("utf-8")[:120])
 
 
 def close_payload(payload: bytes) -> tuple[int | None, str]:
@@ -292,10 +274,10 @@ class Messages:
         self.binary = binary
         pcm = tone_pcm16(self.chunk_samples)
         self.chunk = (
-            client_frame(OP_BINARY, pcm) if binary else client_frame(OP_TEXT, append_message(pcm).encode())
+            masked_frame(OP_BINARY, pcm) if binary else masked_frame(OP_TEXT, append_message(pcm).encode())
         )
-        self.opening = client_frame(OP_TEXT, opening.encode("utf-8"))
-        self.session_close = client_frame(OP_TEXT, b'{"type":"session.close"}')
+        self.opening = masked_frame(OP_TEXT, opening.encode("utf-8"))
+        self.session_close = masked_frame(OP_TEXT, b'{"type":"session.close"}')
         self.close = close_frame(1000)
         self._padded: dict[int, bytes] = {}
 
@@ -306,5 +288,5 @@ class Messages:
         frame = self._padded.get(pad_ms)
         if frame is None:
             text = append_message(tone_pcm16(samples), pad_ms=pad_ms)
-            frame = self._padded[pad_ms] = client_frame(OP_TEXT, text.encode())
+            frame = self._padded[pad_ms] = masked_frame(OP_TEXT, text.encode())
         return frame, samples
