@@ -99,6 +99,13 @@ def test_dialect_target_and_opening() -> None:
     assert stock["type"] == "session.update" and "duplex" not in stock["session"]
 
 
+def test_a_latency_it_could_not_measure_is_refused() -> None:
+    for align in ("server", "none"):
+        with pytest.raises(ValueError, match="--align client"):
+            LeanLoad(LeanOptions(url="ws://h/v1/duplex", sessions=1, seconds=1, chunk_ms=20, align=align))
+    LeanLoad(LeanOptions(url="ws://h/v1/duplex", sessions=1, seconds=1, chunk_ms=20, align="off"))  # no pads
+
+
 def test_options_the_lean_mode_does_not_take_are_refused() -> None:
     parse = build_parser().parse_args
     assert lean_problems(parse(["--lean"])) == []

@@ -29,7 +29,9 @@ one 80 ms tick by ``--phases`` (``sync``: all on the same instant, the pre-tick 
 ``random``: uniform, from ``--seed``; ``spread``). With ``--align client`` (the default) an
 80 ms stream follows the server's alignment hints as ``duplex-load`` does: the next chunk goes
 ``pad_ms`` early holding ``80 - pad_ms`` ms, with ``pad_ms`` on it, and the stream goes on
-80 ms at a time from there; the server pads shorter chunks itself.
+80 ms at a time from there; the server pads shorter chunks itself. Native binary frames state
+``input_samples_end`` only for ``client`` sessions, so on ``/v1/duplex`` chunks under 80 ms take
+``--align client`` or ``off`` (with server pads the frame index would not time them).
 
 Each session streams ``--warmup`` + ``--seconds`` of audio, then waits up to ``--drain`` s for
 its last frames and closes (``session.close``). The measurement window is the ``--seconds``
@@ -272,6 +274,14 @@ class LeanLoad:
     def __init__(self, opts: LeanOptions, say: Callable[[str], None] | None = None) -> None:
         self.opts = opts
         self.dialect = dialect_of(opts.url)
+        if self.dialect == "native" and opts.align in ("server", "none") and opts.chunk_ms != 80:
+            # Binary frames state input_samples_end for "client" sessions only, and the frame
+            # index is no measure once the server pads ("server", the default without a duplex
+            # key, pads chunks shorter than 80 ms): the latency could not be measured.
+            raise ValueError(
+                "native binary frames carry input_samples_end only with --align client (the "
+                f"server pads {opts.chunk_ms} ms chunks the same way for it): use --align client"
+            )
         self.host, self.port, self.target, self.host_header = wire_target(opts.url, self.dialect)
         self.messages = Messages(
             opts.chunk_ms, binary=self.dialect == "native", opening=opening_message(opts, self.dialect)
