@@ -509,6 +509,7 @@ def trial(
             key: a[key]
             for key in (
                 "frames_received",
+                "frames_received_in_window",
                 "frames_expected",
                 "messages_sent",
                 "latency_frames",
