@@ -39,6 +39,7 @@ from .core import wire
 from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
 from .errors import code_of
+from .procname import set_process_name
 from .model.engine import ModelEngine
 from .scheduler.actor import ResourceExhausted, Scheduler, SchedulerFailed, StepResult
 from .scheduler.policy import make_policy
@@ -515,6 +516,7 @@ def main() -> None:
     from .log.lock import LogDirLocked
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_process_name("duplex-engine")
     try:
         config = ServerConfig.from_env()
         prepare_log_dir(config.log_dir)

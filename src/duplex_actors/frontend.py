@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from .config import ServerConfig
+from .procname import set_process_name
 
 SPEC_ENV = "DUPLEX_FRONTEND"
 
@@ -109,6 +110,7 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec: FrontEndSpec = pickle.loads(base64.b64decode(os.environ[SPEC_ENV]))
+    set_process_name(f"duplex-fe-{spec.index}")
     # The front end's loop takes the GIL back after each sleep of the codec or log threads.
     sys.setswitchinterval(spec.switch_interval_ms / 1000)
     trio.run(serve_frontend, spec)

@@ -32,6 +32,7 @@ from .config import ServerConfig
 from .core.link import engine_core_address
 from .engine_core import CoreSettings, core_settings, prepare_log_dir, run_engine_core
 from .frontend import SPEC_ENV, FrontEndSpec, encode_spec
+from .procname import set_process_name
 
 log = logging.getLogger("duplex_actors.supervisor")
 
@@ -221,6 +222,7 @@ def serve(
     # The engine thread needs the GIL back after every torch call; a busy loop in this process
     # (the core's links) must not hold it for the default 5 ms.
     sys.setswitchinterval(switch_interval_ms / 1000)
+    set_process_name("duplex-engine")  # the engine core runs here (bench/ceiling.py tells it so)
     supervisor = Supervisor(
         config,
         host=host,
