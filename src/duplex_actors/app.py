@@ -80,6 +80,8 @@ from .web.hardening import (
     raise_descriptor_limit,
     refuse_permessage_deflate,
     report_peer_error,
+    send_many_in_one_write,
+    unmask_with_numpy,
 )
 from .web.page import install_page_routes
 
@@ -475,6 +477,10 @@ class _QuartUpgrade:
     async def close(self, code: int, reason: str = "") -> None:
         await websocket.close(code, reason)
 
+    async def send_many(self, messages: list[str | bytes]) -> None:
+        for message in messages:
+            await websocket.send(message)
+
 
 class Upgrade(Protocol):
     """A WebSocket upgrade as the routes use it (:class:`AsgiWebSocket` or quart's)."""
@@ -487,6 +493,7 @@ class Upgrade(Protocol):
     async def accept(self, subprotocol: str | None = None) -> None: ...
     async def receive(self) -> WireMessage: ...
     async def send(self, data: str | bytes) -> None: ...
+    async def send_many(self, messages: list[str | bytes]) -> None: ...
     async def close(self, code: int, reason: str = "") -> None: ...
 
 
@@ -598,7 +605,7 @@ async def _run_connection(
     ws: Upgrade,
 ) -> None:
     await ws.accept(auth.chosen_subprotocol(ws.subprotocols))
-    transport = Transport(ws.receive, ws.send, ws.close)
+    transport = Transport(ws.receive, ws.send, ws.close, ws.send_many)
     rate_limits = RateLimits(
         messages_per_s=holder.config.max_messages_per_s,
         message_burst=holder.config.message_burst,
@@ -746,6 +753,8 @@ def _guarded(config: ServerConfig) -> DuplexApp:
     holder: ModelHolder = quart_app.extensions["duplex_model"]
     refuse_permessage_deflate()
     end_oversize_streams()
+    unmask_with_numpy()
+    send_many_in_one_write()
     max_connections = config.max_connections
     if max_connections is None:
         max_connections = default_max_connections(raise_descriptor_limit(), config.max_sessions)

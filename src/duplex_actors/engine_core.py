@@ -39,8 +39,8 @@ from .core import wire
 from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
 from .errors import code_of
-from .procname import set_process_name
 from .model.engine import ModelEngine
+from .procname import set_process_name
 from .scheduler.actor import ResourceExhausted, Scheduler, SchedulerFailed, StepResult
 from .scheduler.policy import make_policy
 

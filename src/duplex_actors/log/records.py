@@ -241,21 +241,30 @@ class PayloadError(ValueError):
     """A payload that does not decode to its record kind."""
 
 
+_PAYLOAD_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+_FIELD_NAMES: dict[type, tuple[tuple[str, ...], str | None]] = {}
+
+
+def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
+    """A record class's JSON fields and its blob field (looked up once per class)."""
+    found = _FIELD_NAMES.get(cls)
+    if found is None:
+        blob_field: str | None = getattr(cls, "BLOB", None)
+        names = tuple(a.name for a in attrs.fields(cls) if a.name != blob_field)
+        found = _FIELD_NAMES[cls] = (names, blob_field)
+    return found
+
+
 def encode_payload(record: Record) -> tuple[int, bytes]:
     """``(kind, payload bytes)`` of a record."""
     cls = type(record)
-    blob_field: str | None = getattr(cls, "BLOB", None)
+    names, blob_field = _field_names(cls)
     fields = {}
-    blob = b""
-    for a in attrs.fields(cls):
-        value = getattr(record, a.name)
-        if a.name == blob_field:
-            blob = bytes(value)
-        elif isinstance(value, tuple):
-            fields[a.name] = list(value)
-        else:
-            fields[a.name] = value
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    for name in names:
+        value = getattr(record, name)
+        fields[name] = list(value) if isinstance(value, tuple) else value
+    blob = bytes(getattr(record, blob_field)) if blob_field is not None else b""
+    text = _PAYLOAD_JSON(fields).encode()
     return cls.KIND, _JSON_LEN.pack(len(text)) + text + blob
 
 

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import attrs
 import cattrs
+import pybase64
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
@@ -255,10 +256,13 @@ def server_event_encoder(cls: type[Any], type_name: str) -> Callable[[Any], dict
     return renamed
 
 
+_DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode  # built once, not per call
+
+
 def dumps(obj: Mapping[str, Any]) -> str:
     """Compact JSON text of a server event. ASCII-only, so a lone surrogate a client sent and
     that is echoed back still encodes as UTF-8; NaN is refused, as the spec's JSON has none."""
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return _DUMPS(obj)
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -441,9 +445,12 @@ def decode_audio_b64(
     if not s:
         raise refuse(codes.BAD_EVENT, "input_audio_buffer.append carries no audio")
     try:
-        data = base64.b64decode(s, validate=True)
-    except ValueError as exc:  # binascii.Error, or non-ASCII characters
-        raise refuse(codes.BAD_AUDIO, f"audio is not valid base64: {exc}") from None
+        data = pybase64.b64decode(s, validate=True)
+    except ValueError:
+        try:  # the standard library's words for what is wrong (pybase64 decodes only faster)
+            data = base64.b64decode(s, validate=True)
+        except ValueError as exc:  # binascii.Error, or non-ASCII characters
+            raise refuse(codes.BAD_AUDIO, f"audio is not valid base64: {exc}") from None
     if not data:
         raise refuse(codes.BAD_EVENT, "input_audio_buffer.append carries no audio")
     return data

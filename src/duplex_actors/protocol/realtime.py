@@ -38,12 +38,12 @@ frame far below 1 MiB.
 
 from __future__ import annotations
 
-import base64
 import secrets
 from collections.abc import Mapping
 from typing import Any, Final, Literal, cast
 
 import attrs
+import pybase64
 
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..session import events as ev
@@ -304,7 +304,7 @@ class RealtimeProjection:
                 item_id,
                 0,
                 0,
-                delta=base64.b64encode(self._output.encode(pcm)).decode("ascii"),
+                delta=pybase64.b64encode(self._output.encode(pcm)).decode("ascii"),
                 sample_rate_hz=self._output.rate,
                 metadata=metadata,
                 format=self._output.format,

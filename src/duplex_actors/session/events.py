@@ -170,6 +170,9 @@ def event_to_jsonable(event: SessionEvent) -> dict[str, Any]:
     return out
 
 
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def canonical_bytes(event: SessionEvent) -> bytes:
     """Canonical bytes of an event for the outbound-stream digest (audio included raw)."""
     fields: dict[str, Any] = {"event": event_name(event)}
@@ -183,5 +186,5 @@ def canonical_bytes(event: SessionEvent) -> bytes:
             fields[a.name] = len(value)
         else:
             fields[a.name] = value
-    head = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    head = _CANONICAL_JSON(fields).encode()
     return head + b"\0" + b"".join(blobs)

@@ -46,16 +46,19 @@ from typing import Any
 
 import attrs
 import h11
+import numpy as np
 import trio
 import wsproto.utilities
 from hypercorn.config import Config, Sockets
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol import ws_stream
-from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.events import Data, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
 from hypercorn.trio import task_group, tcp_server
+from wsproto import frame_protocol
+from wsproto.events import BytesMessage, TextMessage
 
-from .asgi_ws import DISCONNECT_HOOK_SCOPE
+from .asgi_ws import DISCONNECT_HOOK_SCOPE, SEND_MANY
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,65 @@ async def _handle_events_ending_oversize(self: Any) -> None:
         # its session's slot) waits for the idle timeout. End the stream like a normal close.
         self.buffer.clear()
         await self.send(StreamClosed(stream_id=self.stream_id))
+
+
+WSPROTO_UNMASK = frame_protocol.XorMaskerSimple.process  # wsproto's own, before any patch
+
+
+def _unmask(self: Any, data: bytearray) -> bytearray:
+    """wsproto's ``XorMaskerSimple.process`` (same result, same key rotation), a word at a time
+    with numpy for payloads of :data:`NUMPY_UNMASK_FROM` bytes and more: every client frame is
+    masked, and an 80 ms audio append took wsproto 34 us to unmask (10 us here)."""
+    n = len(data)
+    if n < NUMPY_UNMASK_FROM:
+        return WSPROTO_UNMASK(self, data)
+    key = bytes(self._masking_key)
+    out = bytearray(data)
+    whole = n - n % 4
+    words = np.frombuffer(out, dtype=np.uint32, count=whole // 4)
+    words ^= np.frombuffer(key, dtype=np.uint32)[0]
+    for i in range(whole, n):
+        out[i] ^= key[i - whole]
+    rotation = n % 4
+    self._masking_key = self._masking_key[rotation:] + self._masking_key[:rotation]
+    return out
+
+
+NUMPY_UNMASK_FROM = 256
+
+
+def unmask_with_numpy() -> None:
+    """Install :func:`_unmask` in wsproto (process-wide, idempotent)."""
+    frame_protocol.XorMaskerSimple.process = _unmask  # type: ignore[method-assign]
+
+
+_original_app_send = ws_stream.WSStream.app_send
+
+
+async def _app_send_many(self: Any, message: Any) -> None:
+    """hypercorn's ``app_send``, and :data:`~.asgi_ws.SEND_MANY`: each message framed by
+    wsproto as hypercorn frames one, then one write for all (hypercorn's path takes its send
+    lock and a cancel scope per message: a tick's events cost one of each instead)."""
+    if message is None or message.get("type") != SEND_MANY:
+        await _original_app_send(self, message)
+        return
+    if self.closed or self.state != ws_stream.ASGIWebsocketState.CONNECTED:
+        return  # hypercorn drops a send after the close too
+    chunks = []
+    for item in message["messages"]:
+        event = (
+            BytesMessage(data=bytes(item)) if isinstance(item, bytes | bytearray) else TextMessage(data=item)
+        )
+        try:
+            chunks.append(self.connection.send(event))
+        except wsproto.utilities.LocalProtocolError:
+            return  # the connection is closing: as hypercorn's _send_wsproto_event
+    await self.send(Data(stream_id=self.stream_id, data=b"".join(chunks)))
+
+
+def send_many_in_one_write() -> None:
+    """Teach hypercorn's WebSocket stream :data:`~.asgi_ws.SEND_MANY` (process-wide, idempotent)."""
+    ws_stream.WSStream.app_send = _app_send_many  # type: ignore[method-assign]
 
 
 def end_oversize_streams() -> None:
