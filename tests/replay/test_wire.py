@@ -46,6 +46,8 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("ga-chunk3", "realtime", {"output_chunk_frames": 3}),
     ("beta", "realtime", {"beta": True}),
     ("beta-chunk3", "realtime", {"beta": True, "output_chunk_frames": 3}),
+    ("ga-duplex", "realtime", {"duplex": True}),
+    ("beta-duplex", "realtime", {"beta": True, "duplex": True}),
     ("native", "native", {}),
     ("native-binary", "native", {"binary_output": True}),
     ("native-nocaps", "native", {"capabilities": None}),
@@ -223,6 +225,24 @@ EXPECTED: dict[str, str] = {
     "synthetic-aligned/native": "938878f2cb60bfcfbb12d4b23c367eadf356a6ad9d1c3716d4b9a3b3f81ab662",
     "synthetic-aligned/native-binary": "8cb515eb2e8de5a0a8e1955b29ee5763344c74200c370908109e79a3f6f0dc25",
     "synthetic-aligned/native-nocaps": "e29fe18872dcda227da9f56a39cb9c9510dc0af2d9e7e00d609bb55c69294f10",
+    # The ?duplex=1 variants, recorded at cb22f77, before the stock route sent only OpenAI's events
+    # (that change was to the stock route only: these bytes must not move).
+    "sess_golden-parrot-clears-updates-disconnect/beta-duplex": "3c771a8727cb8babbf9404b5e4b44502bfae7b2fb2f1bf10d721edae00b07c84",
+    "sess_golden-parrot-clears-updates-disconnect/ga-duplex": "9ae0e7299dad635687529e78cb58f5bcdb11adc0c17a6509211b9a08804b6f10",
+    "sess_golden-tiny-greedy/beta-duplex": "6873c5c842b9667b75ce73aa70ce9e33726bc1f01ddad889b4678416e4ece1a8",
+    "sess_golden-tiny-greedy/ga-duplex": "2f4495a983098d3cf29b225c5cb92d229a16efaf1835aebf4f1d57f734b2d1b7",
+    "sess_golden-tiny-grid-client-hint/beta-duplex": "f355866c2cc7bf36a81a4402717b9069c0115aef723a8d9a904953a45da340e3",
+    "sess_golden-tiny-grid-client-hint/ga-duplex": "def7c8dc867a184a90df338c3ce2280d75ae7b415f5cb2772778bc65eb34a2ef",
+    "sess_golden-tiny-grid-server-pad/beta-duplex": "d65afaccdb78c825aa5bac9e43be461f9dda6eaea78af259ddd3faaaf89dfdc8",
+    "sess_golden-tiny-grid-server-pad/ga-duplex": "56f0735f41b9a739b56b3589fa98b03425fb02a403c7645e1b9937e8ef71c9e5",
+    "sess_golden-tiny-moshi-family/beta-duplex": "d5b8fc6f8677b16b22b186906bd39606bf2a5551c28f00e51c1655cf81011ab6",
+    "sess_golden-tiny-moshi-family/ga-duplex": "49219a101e02e2fdff253ee60235a6dc08e68c6c6b062fa156f5de6ddba41781",
+    "sess_golden-tiny-seeded-cancel/beta-duplex": "3e18fdcaf2385cf640118eb2abbfbb638378e8ffa0743e8021de7c32b04c2788",
+    "sess_golden-tiny-seeded-cancel/ga-duplex": "3aee5df168cd3f7f7829b6a0de7e1019ebb2e6ea4fc919a3c859845f8df3397a",
+    "synthetic-aligned/beta-duplex": "ecf32e3473c8af66aaf6c6babad91bfe4bc982507cffb8450acb7a43efca997c",
+    "synthetic-aligned/ga-duplex": "7d1aef955a1f72faa5f6acef66695a6e2a6d46ac729badadb4912863428ab610",
+    "synthetic/beta-duplex": "84c3c3692c91a0cac6b8ffc5321a0b7bf0b4d7bdbd9807e6b49516439401c4e1",
+    "synthetic/ga-duplex": "5319936d25588451029b189dc5446f924d81a85d313147c26994774802d070db",
 }
 
 
