@@ -160,6 +160,7 @@ class ModelHolder:
 
     async def run(self) -> None:
         """Load, serve the in-process server until cancelled; /ready is 200 in between."""
+        from .model.voices import voice_alias_table
         from .server import open_duplex_server
         from .session.core import SessionLimits
         from .session.events import AudioFrame
@@ -183,6 +184,7 @@ class ModelHolder:
                 outbox_size=cfg.outbox_events,
                 tick_policy=cfg.tick_policy,
                 opus_workers=cfg.opus_workers,
+                voice_aliases=voice_alias_table(engine.family.voices, cfg.voice_aliases),
             ) as server,
             trio.open_nursery() as nursery,
         ):

@@ -41,13 +41,14 @@ from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
+from .model.voices import AliasedVoices
 from .opus.pool import OpusPool, open_opus_pool
 from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .scheduler.policy import make_policy
 from .session import events as ev
 from .session.actor import SessionActor
-from .session.core import PromptPolicy, SessionCore, SessionLimits
+from .session.core import PROMPT_ROLES, PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [
     "DuplexServer",
@@ -164,23 +165,47 @@ class SessionHandle:
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""
         json.dumps(config, allow_nan=False)
-        refusal = context_refusal(self.core, config, self.core.config)
-        if refusal is not None:
-            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
-            return
+        config, refusal = fitting_config(self.core, config, self.core.config)
         # Applied before returning: an update waits for its commit before the core takes it
         # (no session.updated ahead of its record), and the client's next append must be
         # parsed with the config it sets (its input format and rate).
-        await self._send(r.Update(dict(config), client_event_id), applied=True)
+        if config or refusal is None:
+            await self._send(r.Update(dict(config), client_event_id), applied=True)
+        if refusal is not None:
+            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
 
-    async def cancel(self, *, client_event_id: str | None = None) -> None:
-        await self._send(r.Cancel(client_event_id))
+    async def cancel(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
+        """End the active response; ``reset``: the model's context too (a new epoch)."""
+        await self._send(r.Cancel(client_event_id, reset))
 
     async def clear_input(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.ClearInput(client_event_id))
 
-    async def clear_output(self, *, client_event_id: str | None = None) -> None:
-        await self._send(r.ClearOutput(client_event_id))
+    async def clear_output(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
+        """Clear the output buffer: as :meth:`cancel` while a response is active."""
+        await self._send(r.ClearOutput(client_event_id, reset))
+
+    async def truncate(
+        self, item_id: str, content_index: int, audio_end_ms: int, *, client_event_id: str | None = None
+    ) -> None:
+        """The client played ``audio_end_ms`` of the item's audio: recorded and acknowledged."""
+        await self._send(r.Truncate(item_id, content_index, audio_end_ms, client_event_id))
+
+    async def add_text_item(
+        self, role: str, text: str, *, item_id: str | None = None, client_event_id: str | None = None
+    ) -> None:
+        """A text message (``conversation.item.create``); a system or developer one before the
+        first frame joins the persona, so it is refused here if that would not fit the context."""
+        prompt = self.core.folded_prompt(text) if role in PROMPT_ROLES else None
+        if prompt is not None:
+            try:
+                self.core.policy.check_context(prompt)
+            except InvalidRuntimeConfig as exc:
+                await self.reject(
+                    "conversation.item.create", "invalid_duplex_runtime_config", str(exc), client_event_id
+                )
+                return
+        await self._send(r.TextItem(role, text, item_id, client_event_id), applied=True)
 
     async def heartbeat(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.Heartbeat(client_event_id))
@@ -285,6 +310,8 @@ class DuplexServer:
         self.opus_workers: int | None = None  # None: opus.pool.default_opus_workers()
         self.opus_pool: OpusPool | None = None
         self._opus_lock = trio.Lock()
+        # The voice aliases sessions resolve (model/voices.py), recorded in every log's header.
+        self.voice_aliases: dict[str, str] = {}
 
     async def get_opus_pool(self) -> OpusPool:
         """The Opus codec pool (``opus_workers`` processes), started on the first call; it runs
@@ -364,9 +391,7 @@ class DuplexServer:
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
         # opening config is (spec: the session opens with the defaults, then an error).
-        refusal = context_refusal(core, config)
-        if refusal is not None:
-            config = {}
+        config, refusal = fitting_config(core, config)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
         if reservation is not None:
             slot = reservation.take()
@@ -406,6 +431,7 @@ class DuplexServer:
                     "max_buffered_samples": self.limits.max_buffered_samples,
                     "max_pad_samples": self.limits.max_pad_samples,
                 },
+                **({"voice_aliases": dict(self.voice_aliases)} if self.voice_aliases else {}),
             },
             sampling={
                 k: config[k]
@@ -478,6 +504,22 @@ def context_refusal(
     except InvalidRuntimeConfig as exc:
         return str(exc)
     return None
+
+
+def fitting_config(
+    core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """``changes`` less the fields whose prompt would not fit the model's context (the persona,
+    then the voice), and why they were taken out (None: nothing was)."""
+    kept = dict(changes)
+    refusal = context_refusal(core, kept, base)
+    if refusal is None:
+        return kept, None
+    for field in ("instructions", "voice"):
+        kept.pop(field, None)
+        if context_refusal(core, kept, base) is None:
+            break
+    return kept, refusal
 
 
 class _Pending:
@@ -570,6 +612,7 @@ async def open_duplex_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
+    voice_aliases: Mapping[str, str] | None = None,
 ) -> AsyncIterator[DuplexServer]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
@@ -581,6 +624,8 @@ async def open_duplex_server(
     ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``. While
     the log dir cannot be written, it is probed every ``log_probe_interval_s``.
+    ``voice_aliases`` (``model.voices.voice_alias_table``): voice names sessions may ask for
+    besides the bundled ones, recorded in every log's header.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -600,13 +645,16 @@ async def open_duplex_server(
                 scheduler,
                 writer,
                 nursery,
-                policy=policy or engine.family,
+                policy=AliasedVoices(policy or engine.family, dict(voice_aliases))
+                if voice_aliases
+                else policy or engine.family,
                 limits=limits or SessionLimits(),
                 outbox_size=outbox_size,
                 description=description,
                 session_ids=session_ids,
             )
             server.recovered_logs = recovered
+            server.voice_aliases = dict(voice_aliases or {})
             server.opus_workers = opus_workers
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(

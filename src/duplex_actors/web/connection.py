@@ -193,7 +193,9 @@ class Connection:
         async for event in self.session.events():
             if self.draining and not self._closing_sent:
                 self._closing_sent = True
-                await self._send_obj(projection.closing_event("server_shutdown"))
+                closing = projection.closing_event("server_shutdown")
+                if closing is not None:
+                    await self._send_obj(closing)
             for message in projection.project(event):
                 await self._send_obj(message)
             if isinstance(event, ev.SessionClosed):
