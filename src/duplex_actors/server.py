@@ -191,6 +191,10 @@ class SessionHandle:
         """The client played ``audio_end_ms`` of the item's audio: recorded and acknowledged."""
         await self._send(r.Truncate(item_id, content_index, audio_end_ms, client_event_id))
 
+    async def retrieve_item(self, item_id: str, *, client_event_id: str | None = None) -> None:
+        """``conversation.item.retrieve``: the item as the session holds it, or an error."""
+        await self._send(r.RetrieveItem(item_id, client_event_id))
+
     async def add_text_item(
         self, role: str, text: str, *, item_id: str | None = None, client_event_id: str | None = None
     ) -> None:

@@ -52,6 +52,7 @@ def every_kind() -> list[r.Record]:
         r.Truncate(item_id="item_x_0", content_index=0, audio_end_ms=2320, client_event_id="t"),
         r.TextItem(role="system", text="Speak French. ✓", item_id="msg_1", client_event_id="ti"),
         r.TextItem(role="user", text="hello"),
+        r.RetrieveItem(item_id="item_x_0", client_event_id="r"),
         r.Heartbeat(client_event_id="hb"),
         r.PlaybackAck(payload={"item_id": "i", "audio_end_ms": 240}),
         r.Close(reason="client_close"),

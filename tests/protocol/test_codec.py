@@ -49,6 +49,7 @@ def test_every_client_event_of_the_dialect_parses(dialect: str) -> None:
         "session.event_ack": {"server_event_seq": 3},
         "session.create": {"session": {"voice": "NATF2.pt"}},
         "conversation.item.truncate": {"item_id": "item_x_0", "content_index": 0, "audio_end_ms": 320},
+        "conversation.item.retrieve": {"item_id": "item_x_0"},
         "conversation.item.create": {
             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
         },

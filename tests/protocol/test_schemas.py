@@ -82,6 +82,7 @@ def test_client_events_validate_and_unknown_or_malformed_do_not(dialect: str) ->
         "session.event_ack": wire.SessionEventAck(1),
         "conversation.item.truncate": wire.ConversationItemTruncate("item_x_0", 0, 320),
         "conversation.item.create": wire.ConversationItemCreate({"type": "message", "role": "user"}),
+        "conversation.item.retrieve": wire.ConversationItemRetrieve("item_x_0"),
     }
     for cls in classes:
         event = defaults.get(cls.TYPE) or cls()

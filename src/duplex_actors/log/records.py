@@ -24,9 +24,9 @@ import attrs
 # ``input_samples_end`` on output frames only for logs of this version or later, so the event
 # digests of older logs do not move.
 # 5: ``cancel`` and ``clear_output`` carry ``reset`` (False: the response ends and the model keeps
-# its context; older records read as True, as they were applied); ``truncate`` and ``text_item``
-# records; an opening config with a refused field opens with the rest of it (older logs opened
-# with the defaults, and still replay so).
+# its context; older records read as True, as they were applied); ``truncate``, ``text_item``
+# and ``retrieve_item`` records; an opening config with a refused field opens with the rest of
+# it (older logs opened with the defaults, and still replay so).
 FORMAT_VERSION: Final = 5
 _JSON_LEN = struct.Struct("<I")
 
@@ -216,6 +216,15 @@ class TextItem:
     client_event_id: str | None = None
 
 
+@attrs.frozen(slots=True)
+class RetrieveItem:
+    """``conversation.item.retrieve``: the client asks for an item as the server holds it."""
+
+    KIND: ClassVar[int] = 19
+    item_id: str
+    client_event_id: str | None = None
+
+
 Record = (
     Header
     | Open
@@ -235,6 +244,7 @@ Record = (
     | Drain
     | Truncate
     | TextItem
+    | RetrieveItem
 )
 RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Header,
@@ -255,6 +265,7 @@ RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Drain,
     Truncate,
     TextItem,
+    RetrieveItem,
 )
 BY_KIND: Final[dict[int, type[Any]]] = {cls.KIND: cls for cls in RECORD_TYPES}
 KIND_NAMES: Final[dict[type[Any], str]] = {
@@ -276,6 +287,7 @@ KIND_NAMES: Final[dict[type[Any], str]] = {
     Drain: "drain",
     Truncate: "truncate",
     TextItem: "text_item",
+    RetrieveItem: "retrieve_item",
 }
 
 

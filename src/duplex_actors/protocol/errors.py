@@ -31,6 +31,7 @@ RESPONSE_CREATE_UNSUPPORTED: Final = "response_create_unsupported"
 # OpenAI's code for a response.create while a response is active: the stock route's answer (the
 # lockstep response is always active), which voice-agent frameworks tolerate.
 CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE: Final = "conversation_already_has_active_response"
+ITEM_RETRIEVE_INVALID_ITEM_ID: Final = "item_retrieve_invalid_item_id"  # OpenAI's code
 INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code (spec §8)
 INVALID_EVENT_ACK: Final = "invalid_event_ack"
 CONFIG_TIMEOUT: Final = "config_timeout"
@@ -58,6 +59,7 @@ CODES: Final[tuple[str, ...]] = (
     COMMIT_UNSUPPORTED,
     RESPONSE_CREATE_UNSUPPORTED,
     CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+    ITEM_RETRIEVE_INVALID_ITEM_ID,
     INPUT_AUDIO_BUFFER_EMPTY,
     INVALID_EVENT_ACK,
     CONFIG_TIMEOUT,

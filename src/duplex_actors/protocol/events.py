@@ -166,6 +166,16 @@ class ConversationItemCreate:
     event_id: str | None = None
 
 
+@attrs.frozen(slots=True)
+class ConversationItemRetrieve:
+    """Ask for an item as the server holds it (Realtime only): ``conversation.item.retrieved``,
+    or ``item_retrieve_invalid_item_id`` for an item the session does not know."""
+
+    TYPE: ClassVar[str] = "conversation.item.retrieve"
+    item_id: str
+    event_id: str | None = None
+
+
 _COMMON_CLIENT_EVENTS = (
     SessionUpdate
     | InputAudioBufferAppend
@@ -179,7 +189,9 @@ _COMMON_CLIENT_EVENTS = (
     | PlaybackAck
     | SessionEventAck
 )
-RealtimeClientEvent = _COMMON_CLIENT_EVENTS | ConversationItemTruncate | ConversationItemCreate
+RealtimeClientEvent = (
+    _COMMON_CLIENT_EVENTS | ConversationItemTruncate | ConversationItemCreate | ConversationItemRetrieve
+)
 NativeClientEvent = _COMMON_CLIENT_EVENTS | SessionCreate
 ClientEvent = RealtimeClientEvent | SessionCreate
 
@@ -200,6 +212,7 @@ REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
     *_COMMON_CLIENT_CLASSES,
     ConversationItemTruncate,
     ConversationItemCreate,
+    ConversationItemRetrieve,
 )
 NATIVE_CLIENT_EVENTS: tuple[type[Any], ...] = (*_COMMON_CLIENT_CLASSES, SessionCreate)
 CLIENT_EVENTS: tuple[type[Any], ...] = (*REALTIME_CLIENT_EVENTS, SessionCreate)
@@ -520,6 +533,16 @@ class RealtimeConversationItemTruncated:
 
 
 @attrs.frozen(slots=True)
+class RealtimeConversationItemRetrieved:
+    """The answer to ``conversation.item.retrieve``."""
+
+    TYPE: ClassVar[str] = "conversation.item.retrieved"
+    event_id: str
+    item: Item
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+
+
+@attrs.frozen(slots=True)
 class RealtimeResponseDone:
     TYPE: ClassVar[str] = "response.done"
     event_id: str
@@ -624,6 +647,7 @@ REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
     RealtimeOutputItemDone,
     RealtimeConversationItemDone,
     RealtimeConversationItemTruncated,
+    RealtimeConversationItemRetrieved,
     RealtimeResponseDone,
     RealtimeRateLimitsUpdated,
     RealtimeSpeechStarted,

@@ -288,6 +288,15 @@ class RealtimeProjection:
                         self._id(), event.item_id, event.content_index, event.audio_end_ms
                     ),
                 )
+            case ev.ItemRetrieved():
+                if event.audio:
+                    status: Literal["in_progress", "incomplete"] = (
+                        "incomplete" if event.done else "in_progress"
+                    )
+                    item = self._item(event.item_id, status, event.text[:MAX_TRANSCRIPT_CHARS])
+                else:
+                    item = self._text_item(ev.TextItemAdded(event.item_id, event.role, event.text, False))
+                self._emit(out, wire.RealtimeConversationItemRetrieved(self._id(), item))
             case ev.TextItemAdded():
                 item = self._text_item(event)
                 previous, self._last_item_id = self._last_item_id, event.item_id

@@ -113,6 +113,8 @@ TEXT_ROLES: Final = ("user", "system", "developer", "assistant")
 PROMPT_ROLES: Final = frozenset({"system", "developer"})
 # The session config key that names the voice prompt an alias (``voice: "ash"``) resolved to.
 VOICE_PROMPT_KEY: Final = "voice_prompt"
+# Items a session remembers for conversation.item.retrieve (the latest; older ones are unknown).
+MAX_ITEMS_KEPT: Final = 64
 # Logs of this format version on open with what is valid in a refused opening config.
 PARTIAL_OPEN_FORMAT: Final = 5
 PAD_REASONS: Final = frozenset({"start", "clear", "drift", "margin", "client"})
@@ -262,6 +264,7 @@ _COMMANDS: Final = frozenset(
         r.Rejected,
         r.Truncate,
         r.TextItem,
+        r.RetrieveItem,
     }
 )
 # What the shell itself writes into a live session: step results, alignment, drains, the close.
@@ -318,6 +321,8 @@ class SessionCore:
         self._responses = 0
         self._text_items = 0  # text items added (their server-made ids count them)
         self._system_texts: list[str] = []  # system/developer texts folded into the persona
+        # item id -> (role, text, audio) of the latest items, for conversation.item.retrieve
+        self._items: dict[str, tuple[str, str, bool]] = {}
         self._response_frames = 0
         self._transcript: list[str] = []
         self._transcript_chars = 0
@@ -417,6 +422,8 @@ class SessionCore:
                 )
             case r.TextItem():
                 self._text_item(record, out)
+            case r.RetrieveItem():
+                self._retrieve(record, out)
             case r.Heartbeat():
                 self._emit(out, ev.HeartbeatAck(record.client_event_id))
             case r.PlaybackAck():
@@ -697,6 +704,7 @@ class SessionCore:
         item_id = record.item_id or self._id("item_text", self._text_items)
         self._text_items += 1
         self._emit(out, ev.TextItemAdded(item_id, record.role, record.text, prompted, record.client_event_id))
+        self._keep_item(item_id, record.role, record.text, audio=False)
         if prompted and prompt != self.prompt:
             self.prompt = prompt
             out.append(ResetSlot(self.epoch, prompt))
@@ -871,10 +879,35 @@ class SessionCore:
             ),
         )
 
+    def _keep_item(self, item_id: str, role: str, text: str, *, audio: bool) -> None:
+        self._items.pop(item_id, None)
+        self._items[item_id] = (role, text, audio)
+        while len(self._items) > MAX_ITEMS_KEPT:
+            del self._items[next(iter(self._items))]
+
+    def _retrieve(self, record: r.RetrieveItem, out: list[Effect]) -> None:
+        found: tuple[str, str, bool] | None
+        if self._response is not None and record.item_id == self._response[1]:
+            found, done = ("assistant", "".join(self._transcript), True), False
+        else:
+            found, done = self._items.get(record.item_id), True
+        if found is None:
+            self._error(
+                out,
+                "item_retrieve_invalid_item_id",
+                f"no item {record.item_id!r} in this conversation (the server keeps its latest "
+                f"{MAX_ITEMS_KEPT})",
+                record.client_event_id,
+            )
+            return
+        role, text, audio = found
+        self._emit(out, ev.ItemRetrieved(record.item_id, role, text, audio, done, record.client_event_id))
+
     def _end_response(self, out: list[Effect], reason: str, *, audio_cleared: bool) -> None:
         if self._response is None:
             return
         response_id, item_id = self._response
+        self._keep_item(item_id, "assistant", "".join(self._transcript), audio=True)
         self._emit(
             out,
             ev.ResponseEnded(

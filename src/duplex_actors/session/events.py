@@ -145,6 +145,19 @@ class TextItemAdded:
 
 
 @attrs.frozen(slots=True)
+class ItemRetrieved:
+    """An item as the server holds it (``conversation.item.retrieve``): an assistant response's
+    (``audio``: its transcript so far; ``done``: the response ended) or a text message."""
+
+    item_id: str
+    role: str
+    text: str
+    audio: bool
+    done: bool
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
 class SessionClosed:
     session_id: str
     reason: str
@@ -166,6 +179,7 @@ SessionEvent = (
     | AlignmentHint
     | ItemTruncated
     | TextItemAdded
+    | ItemRetrieved
 )
 
 

@@ -162,6 +162,9 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
     if isinstance(event, pe.ConversationItemCreate):
         role, text, item_id = codec.text_item(event)
         return lambda s: s.add_text_item(role, text, item_id=item_id, client_event_id=eid)
+    if isinstance(event, pe.ConversationItemRetrieve):
+        retrieved = event.item_id
+        return lambda s: s.retrieve_item(retrieved, client_event_id=eid)
     if isinstance(event, pe.SessionHeartbeat):
         return lambda s: s.heartbeat(client_event_id=eid)
     if isinstance(event, pe.PlaybackAck):
