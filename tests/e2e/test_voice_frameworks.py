@@ -210,7 +210,7 @@ async def pipecat(port: int, *, text_start: bool) -> dict[str, Any]:
 
     report: dict[str, Any] = {"audio": b"", "text": "", "errors": []}
 
-    class Sink(FrameProcessor):
+    class Sink(FrameProcessor):  # type: ignore[misc]  # a framework class (not followed by mypy)
         """Takes what the service pushes: its audio and text, and every error frame."""
 
         async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
@@ -339,7 +339,7 @@ async def livekit_agent_session(port: int) -> dict[str, Any]:
 
     report: dict[str, Any] = {"audio": b"", "text": "", "errors": []}
 
-    class QueueInput(io.AudioInput):
+    class QueueInput(io.AudioInput):  # type: ignore[misc]  # a framework class (not followed by mypy)
         def __init__(self) -> None:
             super().__init__(label="test-input")
             self.queue: asyncio.Queue[rtc.AudioFrame] = asyncio.Queue()
@@ -347,7 +347,7 @@ async def livekit_agent_session(port: int) -> dict[str, Any]:
         async def __anext__(self) -> rtc.AudioFrame:
             return await self.queue.get()
 
-    class CaptureOutput(io.AudioOutput):
+    class CaptureOutput(io.AudioOutput):  # type: ignore[misc]  # a framework class (not followed by mypy)
         """A sink that plays everything at once: what the agent hands its speaker."""
 
         def __init__(self) -> None:
@@ -374,7 +374,7 @@ async def livekit_agent_session(port: int) -> dict[str, Any]:
         def clear_buffer(self) -> None:
             self._finish(True)
 
-    class CaptureText(io.TextOutput):
+    class CaptureText(io.TextOutput):  # type: ignore[misc]  # a framework class (not followed by mypy)
         def __init__(self) -> None:
             super().__init__(label="test-text", next_in_chain=None)
 
