@@ -558,7 +558,11 @@ class SessionCore:
         if "voice" in changes and "voice" not in taken and isinstance(audio, Mapping):
             output = audio.get("output")
             if isinstance(output, Mapping) and "voice" in output:
-                taken["audio"] = {**audio, "output": {k: v for k, v in output.items() if k != "voice"}}
+                rest = {k: v for k, v in output.items() if k != "voice"}
+                if rest or len(audio) > 1:
+                    taken["audio"] = {**audio, "output": rest}
+                else:  # the audio object held the refused voice only
+                    del taken["audio"]
         return taken, refused
 
     def _open(self, record: r.Open, out: list[Effect]) -> None:
