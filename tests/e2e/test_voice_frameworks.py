@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +112,16 @@ async def run_framework(server: ServerProcess, drive: Callable[[], Any]) -> tupl
     return report, log
 
 
+async def replays_at_model_level(log: Path) -> None:
+    """``duplex-replay LOG --model``: the real engine re-run on the logged input gives every
+    logged step (a cancel that kept the context restarted nothing)."""
+    exe = str(Path(sys.executable).with_name("duplex-replay"))
+    done = await trio.to_thread.run_sync(
+        lambda: subprocess.run([exe, str(log), "--model"], capture_output=True, text=True, timeout=120)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 async def check_session(
     server: ServerProcess,
     log: Path,
@@ -188,6 +200,7 @@ async def test_openai_agents_sdk_realtime_runner(tiny_server):
     # when it does, it then retrieves the item it truncated.
     truncated = {rec.item_id for rec in records if isinstance(rec, r.Truncate)}
     assert truncated <= {rec.item_id for rec in records if isinstance(rec, r.RetrieveItem)}
+    await replays_at_model_level(log)
 
 
 # -- Pipecat -------------------------------------------------------------------------------------
@@ -416,3 +429,4 @@ async def test_livekit_agent_session(tiny_server, livekit_plugins):
     )
     cancels = [rec for rec in records if isinstance(rec, r.Cancel)]
     assert len(cancels) >= 2 and not any(c.reset for c in cancels)
+    await replays_at_model_level(log)
