@@ -8,10 +8,13 @@ state; it never performs I/O, reads a clock or draws random numbers.
 It owns: the session config and its validation (voice/persona changeable until the first
 frame is submitted to the model, then only the same value); fixed-frame input buffering (any
 chunk size in, every whole 1920-sample frame drained, partial tail kept, buffered input
-bounded); epochs (cancel and output-buffer clear end the response and start a fresh, prefilled
-context; frames already drained but not yet stepped are carried into the new epoch; input
-clear drops the partial frame only); the response lifecycle (one response per epoch, opened at
-the epoch's first output frame); and the ordered stream of dialect-neutral events.
+bounded); epochs (a cancel or output-buffer clear whose record says ``reset`` ends the response
+and starts a fresh, prefilled context; frames already drained but not yet stepped are carried
+into the new epoch; one without it ends the response only, and the model keeps its context; input
+clear drops the partial frame only); the response lifecycle (a response opens at the first
+output frame after the previous one ended); the conversation's text items (system ones before
+the first frame join the persona), truncations and retrievals; and the ordered stream of
+dialect-neutral events.
 
 Its life is explicit, h11-style: a :class:`State` and a table (:data:`ACCEPTS`) of the records
 each state takes. Nothing is ignored silently: a client's mistake is an ``error`` event with
@@ -108,8 +111,7 @@ ALIGNMENT_MODES: Final = ("server", "client", "off")  # session config duplex.al
 # response besides ending it ("reset": the model's context too, a new epoch). The connection
 # reads it (its route's default when absent) and writes it on the cancel or clear record.
 CANCEL_MODES: Final = ("response", "reset")
-# conversation.item.create: the roles of a text message, and those folded into the persona.
-TEXT_ROLES: Final = ("user", "system", "developer", "assistant")
+# conversation.item.create: the roles of a text message folded into the persona.
 PROMPT_ROLES: Final = frozenset({"system", "developer"})
 # The session config key that names the voice prompt an alias (``voice: "ash"``) resolved to.
 VOICE_PROMPT_KEY: Final = "voice_prompt"
