@@ -112,6 +112,34 @@ def synthetic_aligned(sid: str = SID) -> list[ev.SessionEvent]:
     ]
 
 
+def synthetic_conversation(sid: str = SID) -> list[ev.SessionEvent]:
+    """A conversation (log format 5): text items of every role, a voice alias, a truncation, the
+    items retrieved, responses that follow each other in one epoch, a clear with nothing open."""
+    config = {"voice": "ash", "voice_prompt": "NATM1.pt", "instructions": "Be brief."}
+    return [
+        ev.SessionCreated(sid, config),
+        ev.OutputCleared("ev_oc0"),
+        ev.TextItemAdded("item_text_a_0", "system", "Speak French.", True, "ev_t0"),
+        ev.TextItemAdded("msg_1", "user", "Say hello! ✓", False),
+        ev.TextItemAdded("msg_2", "developer", "Be terse.", False, "ev_t2"),
+        ev.TextItemAdded("msg_3", "assistant", "Hi.", False),
+        ev.ResponseStarted("resp_a", "item_a", 0),
+        ev.AudioFrame("resp_a", "item_a", 0, 0, PCM, "Hé", 1920),
+        ev.ItemTruncated("item_a", 0, 40, "ev_tr"),
+        ev.ItemRetrieved("item_a", "assistant", "Hé", True, False, "ev_r0"),
+        ev.ResponseEnded("resp_a", "item_a", 0, "client_cancelled", "Hé", 1, False),
+        ev.Error("response_cancel_not_active", "no response is active", "ev_c2"),
+        ev.OutputCleared("ev_oc1"),
+        ev.ItemRetrieved("item_a", "assistant", "Hé", True, True),
+        ev.ItemRetrieved("msg_2", "developer", "Be terse.", False, True, "ev_r1"),
+        ev.ResponseStarted("resp_b", "item_b", 0),
+        ev.AudioFrame("resp_b", "item_b", 0, 1, PCM, "", 3840),
+        ev.ResponseEnded("resp_b", "item_b", 0, "output_audio_buffer_clear", "", 1, True),
+        ev.ResponseStarted("resp_c", "item_c", 0),
+        ev.SessionClosed(sid, "timeout"),
+    ]
+
+
 def _projection(dialect: str, sid: str, options: dict[str, Any]) -> Any:
     if dialect == "native":
         opts = {"capabilities": CAPS, **options}
@@ -121,7 +149,9 @@ def _projection(dialect: str, sid: str, options: dict[str, Any]) -> Any:
 
 def _wire(events: list[ev.SessionEvent], sid: str, dialect: str, options: dict[str, Any]) -> Iterator[bytes]:
     projection = _projection(dialect, sid, options)
-    yield dumps(projection.closing_event("server_shutdown")).encode()
+    closing = projection.closing_event("server_shutdown")
+    if closing is not None:
+        yield dumps(closing).encode()
     yield dumps(projection.protocol_error(ProtocolError("bad_event", "bad", client_event_id="c"))).encode()
     for event in events:
         for message in projection.project(event):
@@ -141,6 +171,7 @@ def wire_digests() -> dict[str, str]:
     streams: dict[str, tuple[str, list[ev.SessionEvent]]] = {
         "synthetic": (SID, synthetic()),
         "synthetic-aligned": (SID, synthetic_aligned()),
+        "synthetic-conversation": (SID, synthetic_conversation()),
     }
     for path in sorted(CORPUS.glob("*.dlog")):
         report = replay_logic(path)
@@ -227,6 +258,16 @@ EXPECTED: dict[str, str] = {
     "synthetic-aligned/native": "938878f2cb60bfcfbb12d4b23c367eadf356a6ad9d1c3716d4b9a3b3f81ab662",
     "synthetic-aligned/native-binary": "8cb515eb2e8de5a0a8e1955b29ee5763344c74200c370908109e79a3f6f0dc25",
     "synthetic-aligned/native-nocaps": "e29fe18872dcda227da9f56a39cb9c9510dc0af2d9e7e00d609bb55c69294f10",
+    # The conversation stream (log format 5), recorded when it was added.
+    "synthetic-conversation/beta": "b9ebc961c51103b3fb4a7c22c85bddf0ee7030733317d47fa4a5d49d7c0c0983",
+    "synthetic-conversation/beta-chunk3": "a06fc87af83dc1de9d6a5758bc10d69e8087742f909d6f70409de2d5479db390",
+    "synthetic-conversation/beta-duplex": "dc062b44e0e6d0c709eafdce0cdb0a654ceb5f64c6ef360fd9d52785fe2236ce",
+    "synthetic-conversation/ga": "0d2657cc0d24a4edd2a9a10aa6792e65b11f97369755497b178b8cb822df884d",
+    "synthetic-conversation/ga-chunk3": "7525a126bd12e170e9a47e09005246144dd0ce3e730bfb2b7c64baec67a0c91d",
+    "synthetic-conversation/ga-duplex": "a8613a28c3a570483d3e989438b059ccfeb771496fb5a279aa5ef5ddeb801985",
+    "synthetic-conversation/native": "0c5fb7e0ecbe43105b7009ec659832dc1b70cf7153e708dee6a348fadcc3a9e1",
+    "synthetic-conversation/native-binary": "483a6ec4b39b30ff710455a754420cfefa32fb83d91fe2f092e8e383b629c77f",
+    "synthetic-conversation/native-nocaps": "fc12a0396ece151796b95d54b34edbfbf708ba09dfa9b4df7cb477dae86788b5",
     # The ?duplex=1 variants, recorded at cb22f77, before the stock route sent only OpenAI's events
     # (that change was to the stock route only: these bytes must not move).
     "sess_golden-parrot-clears-updates-disconnect/beta-duplex": "3c771a8727cb8babbf9404b5e4b44502bfae7b2fb2f1bf10d721edae00b07c84",
