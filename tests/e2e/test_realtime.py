@@ -10,7 +10,9 @@ import re
 import pytest
 import trio
 
+from duplex_actors.log import records as r
 from duplex_actors.model.personaplex import SINE_TOKENS
+from duplex_actors.replay.replayer import replay_logic
 
 from .helpers import (
     FRAME_PCM16_BYTES,
@@ -21,6 +23,7 @@ from .helpers import (
     connect,
     error_code,
     feed,
+    log_path,
     pcm16,
     read_records,
     steps,
@@ -524,3 +527,42 @@ async def test_ga_names_by_default(parrot_server):
         types = set(c.types())
         assert {"response.output_audio.delta", "conversation.item.added"} <= types
         assert not {"response.audio.delta", "conversation.item.created"} & types
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [("", "conversation_already_has_active_response"), ("?duplex=1", "response_create_unsupported")],
+)
+async def test_text_items_truncate_retrieve_and_response_create(parrot_server, query, code):
+    async with connect(f"{parrot_server.ws}/v1/realtime{query}") as c:
+        await c.wait_for("session.updated")
+        item = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]}
+        await c.send({"type": "conversation.item.create", "event_id": "i1", "item": item})
+        added = await c.wait_for("conversation.item.added")
+        assert added["item"]["role"] == "system" and added["item"]["content"][0]["text"] == "Be brief."
+        await c.wait_for("conversation.item.done")
+        await c.send({"type": "response.create", "event_id": "r1"})
+        err = await c.wait_for("error")
+        assert error_code(err) == code and client_event_id(err) == "r1"
+        await c.append(frames(2))
+        await c.wait_until(lambda: c.output_frames() == 2)
+        item_id = c.of_type("response.output_item.added")[0]["item"]["id"]
+        await c.send(
+            {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 80}
+        )
+        truncated = await c.wait_for("conversation.item.truncated")
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 80)
+        await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        retrieved = await c.wait_for("conversation.item.retrieved")
+        assert retrieved["item"]["id"] == item_id and retrieved["item"]["status"] == "in_progress"
+        await c.send({"type": "conversation.item.retrieve", "item_id": "nope", "event_id": "q"})
+        await c.wait_error("item_retrieve_invalid_item_id")
+        session_id = c.session_id
+    recs = await read_records(parrot_server, session_id)
+    assert [type(x).__name__ for x in recs if isinstance(x, r.TextItem | r.Truncate | r.RetrieveItem)] == [
+        "TextItem",
+        "Truncate",
+        "RetrieveItem",
+        "RetrieveItem",
+    ]
+    assert replay_logic(log_path(parrot_server, session_id)).identical
