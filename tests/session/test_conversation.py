@@ -200,3 +200,27 @@ def test_without_aliases_an_openai_voice_name_is_an_invalid_voice():
     core = new_core(aliases=False)
     (err,) = events(core.apply(r.Update({"voice": "ash"})))
     assert err.code == "invalid_voice"
+
+
+def test_an_update_is_split_with_a_few_checks_however_many_keys_it_holds():
+    calls = []
+
+    class Counting:
+        def __init__(self, family):
+            self.family = family
+
+        def session_prompt(self, **kw):
+            calls.append(1)
+            return self.family.session_prompt(**kw)
+
+        def check_context(self, prompt):
+            self.family.check_context(prompt)
+
+    core = SessionCore(SID, Counting(detect_family(VOICES)))
+    core.apply(HEADER)
+    core.apply(r.Open({}))
+    calls.clear()
+    update = {f"k{i}": i for i in range(20_000)} | {"voice": "nope", "seed": 3}
+    updated, err = events(core.apply(r.Update(update, "u")))
+    assert updated.config["k19999"] == 19_999 and updated.config["seed"] == 3 and err.code == "invalid_voice"
+    assert len(calls) <= 8  # the whole, then voice and seed alone, then the taken fields: not 20 000

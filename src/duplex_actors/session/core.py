@@ -44,6 +44,8 @@ from .events import alignment_mode
 
 SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
 SAMPLING_KEYS = ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
+# The session config fields the prompt is made of (``SessionCore._validated`` reads these only).
+VALIDATED_KEYS: Final = frozenset({"voice", "instructions", "extra_body", "duplex", *SAMPLING_KEYS})
 
 
 def _width(fmt: str) -> int:
@@ -540,22 +542,31 @@ class SessionCore:
         taken, each that does not is refused with the reason (a voice refused takes
         ``audio.output.voice`` with it). ``prompt``: the current one (None before the session
         opens), whose voice and persona are fixed once locked."""
-        taken: dict[str, Any] = {}
+        # Only the fields the prompt reads can be refused: they are checked one by one (a few
+        # checks, however many other keys the update holds), on those fields alone.
+        checked = {k: base[k] for k in VALIDATED_KEYS if k in base}
+        refused_keys: set[str] = set()
         refused: list[_Refusal] = []
         for key, value in changes.items():
+            if key not in VALIDATED_KEYS:
+                continue
             try:
-                candidate = self._validated({**base, **taken, key: value})
+                candidate = self._validated({**checked, key: value})
             except Exception as exc:
                 refused.append(_Refusal(code_of(exc, "invalid_value"), f"{key}: {exc}"))
+                refused_keys.add(key)
                 continue
             if prompt is not None and self.locked:
                 if candidate.voice != prompt.voice:
                     refused.append(_Refusal("voice_update_unsupported", f"{key}: {_VOICE_LOCKED}"))
+                    refused_keys.add(key)
                     continue
                 if candidate.persona != prompt.persona:
                     refused.append(_Refusal("persona_update_unsupported", f"{key}: {_PERSONA_LOCKED}"))
+                    refused_keys.add(key)
                     continue
-            taken[key] = value
+            checked[key] = value
+        taken = {k: v for k, v in changes.items() if k not in refused_keys}
         audio = taken.get("audio")
         if "voice" in changes and "voice" not in taken and isinstance(audio, Mapping):
             output = audio.get("output")
