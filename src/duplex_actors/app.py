@@ -209,6 +209,7 @@ class ModelHolder:
     async def run(self) -> None:
         """Link to the engine core, serve until cancelled or the core is gone; /ready is 200
         in between."""
+        from .model.voices import voice_alias_table
         from .session.core import SessionLimits
 
         cfg = self.config
@@ -241,6 +242,7 @@ class ModelHolder:
                 ),
                 outbox_size=cfg.outbox_events,
                 opus_workers=cfg.opus_workers,
+                voice_aliases=voice_alias_table(link.engine.family.voices, cfg.voice_aliases),
             ) as server:
                 server.counters = self.counters
                 if cfg.log_upload:

@@ -30,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .config import ServerConfig, _parse
+    from .config import ServerConfig, _parse, parse_voice_aliases
     from .supervisor import default_frontends, serve
 
     frontends = (
@@ -78,6 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
             args.opus_workers
             if args.opus_workers is not None
             else _parse(os.environ, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
+        ),
+        voice_aliases=parse_voice_aliases(
+            args.voice_alias or os.environ.get("DUPLEX_VOICE_ALIASES", "").split(","),
+            "--voice-alias" if args.voice_alias else "DUPLEX_VOICE_ALIASES",
         ),
         max_align_pad_ms=next(
             v
@@ -241,6 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence the server may insert into one session's input to align it to the tick, "
         "in total (spec section 7; default 1000; env DUPLEX_MAX_ALIGN_PAD_MS); past it the "
         "session is served unaligned",
+    )
+    serve.add_argument(
+        "--voice-alias",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.pt",
+        help="a voice name sessions may ask for, mapped to a bundled voice (repeatable; replaces "
+        "the default of the same name; defaults: OpenAI's voice names; env DUPLEX_VOICE_ALIASES, "
+        "comma-separated)",
     )
     serve.add_argument(
         "--client-sampling",

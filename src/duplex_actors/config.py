@@ -45,6 +45,16 @@ def _parse(env: Mapping[str, str], name: str, kind: Callable[[str], T], what: st
         raise ConfigError(f"{name}={value!r}: expected {what}") from None
 
 
+def parse_voice_aliases(items: list[str], name: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=FILE.pt`` items (blank ones skipped) as pairs; :class:`ConfigError` naming ``name``."""
+    from .model.voices import VoiceAliasError, parse_voice_alias
+
+    try:
+        return tuple(parse_voice_alias(item) for item in items if item.strip())
+    except VoiceAliasError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 @attrs.frozen(slots=True)
 class ServerConfig:
     model: str = "tiny"
@@ -94,6 +104,9 @@ class ServerConfig:
     opus_workers: int | None = None
     # The total alignment pad of a session (spec section 7); past it the session is unaligned.
     max_align_pad_ms: int = 1000
+    # Voice names besides the bundled ones (model/voices.py): the operator's (name, voice) pairs,
+    # over the default table of OpenAI's voice names.
+    voice_aliases: tuple[tuple[str, str], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.admission_refusal not in ADMISSION_REFUSALS:
@@ -174,4 +187,7 @@ class ServerConfig:
             s3_endpoint_url=env.get("DUPLEX_S3_ENDPOINT_URL") or None,
             opus_workers=opus_workers,
             max_align_pad_ms=integer("DUPLEX_MAX_ALIGN_PAD_MS", default.max_align_pad_ms),
+            voice_aliases=parse_voice_aliases(
+                env.get("DUPLEX_VOICE_ALIASES", "").split(","), "DUPLEX_VOICE_ALIASES"
+            ),
         )

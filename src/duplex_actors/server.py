@@ -41,6 +41,7 @@ from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
+from .model.voices import AliasedVoices
 from .opus.pool import OpusPool, open_opus_pool
 from .scheduler.actor import ResourceExhausted, Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
@@ -51,7 +52,7 @@ from .session.alignment import Grid
 
 if TYPE_CHECKING:
     from .core.link import CoreLink
-from .session.core import PromptPolicy, SessionCore, SessionLimits
+from .session.core import PROMPT_ROLES, PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [
     "DuplexServer",
@@ -169,23 +170,51 @@ class SessionHandle:
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""
         json.dumps(config, allow_nan=False)
-        refusal = context_refusal(self.core, config, self.core.config)
-        if refusal is not None:
-            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
-            return
+        config, refusal = fitting_config(self.core, config, self.core.config)
         # Applied before returning: an update waits for its commit before the core takes it
         # (no session.updated ahead of its record), and the client's next append must be
         # parsed with the config it sets (its input format and rate).
-        await self._send(r.Update(dict(config), client_event_id), applied=True)
+        if config or refusal is None:
+            await self._send(r.Update(dict(config), client_event_id), applied=True)
+        if refusal is not None:
+            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
 
-    async def cancel(self, *, client_event_id: str | None = None) -> None:
-        await self._send(r.Cancel(client_event_id))
+    async def cancel(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
+        """End the active response; ``reset``: the model's context too (a new epoch)."""
+        await self._send(r.Cancel(client_event_id, reset))
 
     async def clear_input(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.ClearInput(client_event_id))
 
-    async def clear_output(self, *, client_event_id: str | None = None) -> None:
-        await self._send(r.ClearOutput(client_event_id))
+    async def clear_output(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
+        """Clear the output buffer: as :meth:`cancel` while a response is active."""
+        await self._send(r.ClearOutput(client_event_id, reset))
+
+    async def truncate(
+        self, item_id: str, content_index: int, audio_end_ms: int, *, client_event_id: str | None = None
+    ) -> None:
+        """The client played ``audio_end_ms`` of the item's audio: recorded and acknowledged."""
+        await self._send(r.Truncate(item_id, content_index, audio_end_ms, client_event_id))
+
+    async def retrieve_item(self, item_id: str, *, client_event_id: str | None = None) -> None:
+        """``conversation.item.retrieve``: the item as the session holds it, or an error."""
+        await self._send(r.RetrieveItem(item_id, client_event_id))
+
+    async def add_text_item(
+        self, role: str, text: str, *, item_id: str | None = None, client_event_id: str | None = None
+    ) -> None:
+        """A text message (``conversation.item.create``); a system or developer one before the
+        first frame joins the persona, so it is refused here if that would not fit the context."""
+        prompt = self.core.folded_prompt(text) if role in PROMPT_ROLES else None
+        if prompt is not None:
+            try:
+                self.core.policy.check_context(prompt)
+            except InvalidRuntimeConfig as exc:
+                await self.reject(
+                    "conversation.item.create", "invalid_duplex_runtime_config", str(exc), client_event_id
+                )
+                return
+        await self._send(r.TextItem(role, text, item_id, client_event_id), applied=True)
 
     async def heartbeat(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.Heartbeat(client_event_id))
@@ -336,6 +365,8 @@ class DuplexServer(Generic[SchedulerT]):
         self.opus_workers: int | None = None  # None: opus.pool.default_opus_workers()
         self.opus_pool: OpusPool | None = None
         self._opus_lock = trio.Lock()
+        # The voice aliases sessions resolve (model/voices.py), recorded in every log's header.
+        self.voice_aliases: dict[str, str] = {}
 
     async def get_opus_pool(self) -> OpusPool:
         """The Opus codec pool (``opus_workers`` processes), started on the first call; it runs
@@ -420,9 +451,7 @@ class DuplexServer(Generic[SchedulerT]):
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
         # opening config is (spec: the session opens with the defaults, then an error).
-        refusal = context_refusal(core, config)
-        if refusal is not None:
-            config = {}
+        config, refusal = fitting_config(core, config)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
         try:
             session_log = self.writer.create(session_id)
@@ -458,6 +487,7 @@ class DuplexServer(Generic[SchedulerT]):
                     "max_buffered_samples": self.limits.max_buffered_samples,
                     "max_pad_samples": self.limits.max_pad_samples,
                 },
+                **({"voice_aliases": dict(self.voice_aliases)} if self.voice_aliases else {}),
             },
             sampling={
                 k: config[k]
@@ -535,6 +565,22 @@ def context_refusal(
     return None
 
 
+def fitting_config(
+    core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """``changes`` less the fields whose prompt would not fit the model's context (the persona,
+    then the voice), and why they were taken out (None: nothing was)."""
+    kept = dict(changes)
+    refusal = context_refusal(core, kept, base)
+    if refusal is None:
+        return kept, None
+    for field in ("instructions", "voice"):
+        kept.pop(field, None)
+        if context_refusal(core, kept, base) is None:
+            break
+    return kept, refusal
+
+
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
     """At start-up, truncate the torn tails of logs a crash left behind (every whole record
     before the tail stays); report corrupt logs and leave them untouched."""
@@ -608,6 +654,7 @@ async def open_duplex_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
+    voice_aliases: Mapping[str, str] | None = None,
 ) -> AsyncIterator[DuplexServer[Scheduler]]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
@@ -618,6 +665,8 @@ async def open_duplex_server(
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
     While the log dir cannot be written, it is probed every ``log_probe_interval_s``.
+    ``voice_aliases`` (``model.voices.voice_alias_table``): voice names sessions may ask for
+    besides the bundled ones, recorded in every log's header.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -646,6 +695,7 @@ async def open_duplex_server(
             retention_interval_s=retention_interval_s,
             opus_workers=opus_workers,
             log_probe_interval_s=log_probe_interval_s,
+            voice_aliases=voice_aliases,
         ) as server:
             server.recovered_logs = recovered
             yield server
@@ -664,6 +714,7 @@ async def open_linked_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
+    voice_aliases: Mapping[str, str] | None = None,
 ) -> AsyncIterator[DuplexServer[CoreLink]]:
     """The sessions of one front end over its ``link`` to the engine core (which must be
     running). The core recovered the logs a crash left before any front end started."""
@@ -686,6 +737,7 @@ async def open_linked_server(
         retention_interval_s=retention_interval_s,
         opus_workers=opus_workers,
         log_probe_interval_s=log_probe_interval_s,
+        voice_aliases=voice_aliases,
     ) as server:
         yield server
 
@@ -709,6 +761,7 @@ async def _serve(
     retention_interval_s: float,
     opus_workers: int | None,
     log_probe_interval_s: float,
+    voice_aliases: Mapping[str, str] | None,
 ) -> AsyncIterator[DuplexServer[SchedulerT]]:
     async with open_log_writer(
         log_dir, fsync=fsync, inline_io=inline_io, probe_interval_s=log_probe_interval_s
@@ -719,12 +772,15 @@ async def _serve(
                 scheduler,
                 writer,
                 nursery,
-                policy=policy or engine.family,
+                policy=AliasedVoices(policy or engine.family, dict(voice_aliases))
+                if voice_aliases
+                else policy or engine.family,
                 limits=limits or SessionLimits(),
                 outbox_size=outbox_size,
                 description=description,
                 session_ids=session_ids,
             )
+            server.voice_aliases = dict(voice_aliases or {})
             server.opus_workers = opus_workers
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(

@@ -209,7 +209,9 @@ class Connection:
             while True:
                 if self.draining and not self._closing_sent:
                     self._closing_sent = True
-                    batch.append(_wire(projection.closing_event("server_shutdown")))
+                    closing = projection.closing_event("server_shutdown")
+                    if closing is not None:
+                        batch.append(_wire(closing))
                 batch.extend(_wire(message) for message in projection.project(event))
                 if isinstance(event, ev.SessionClosed):
                     closed_seen = True
