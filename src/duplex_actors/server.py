@@ -358,6 +358,7 @@ class DuplexServer(Generic[SchedulerT]):
         self.logs_pruned = 0
         self.recovered_logs: list[tuple[str, str]] = []  # (file, what was done) at start-up
         self.counters = Counters()
+        self.frame_cpu_s = 0.0  # measured by measure_frame_cpu (0: unknown, no burst floor)
         self.opening: set[str] = set()  # ids between log creation and registration
         # Called with (session_id, log path) once a session's log is closed (finished or failed).
         self.on_log_finished: list[Callable[[str, Path], None]] = []
@@ -392,6 +393,22 @@ class DuplexServer(Generic[SchedulerT]):
         finally:
             if started:
                 self.opus_pool = None
+
+    def burst_floor_ms(self) -> float:
+        """How long this process takes to read one append from each of its sessions: the pre-tick
+        burst of aligned clients, which their alignment margin leaves room for (capped by it)."""
+        return len(self.sessions) * self.frame_cpu_s * 1000
+
+    async def measure_frame_cpu(self, interval_s: float = 1.0) -> None:
+        """Keep :attr:`frame_cpu_s` (this process's CPU per input frame, smoothed) up to date."""
+        cpu, frames = time.process_time(), self.counters.frames_in
+        while True:
+            await trio.sleep(interval_s)
+            now_cpu, now_frames = time.process_time(), self.counters.frames_in
+            if now_frames > frames:
+                sample = (now_cpu - cpu) / (now_frames - frames)
+                self.frame_cpu_s = sample if not self.frame_cpu_s else 0.7 * self.frame_cpu_s + 0.3 * sample
+            cpu, frames = now_cpu, now_frames
 
     def _check_admitting(self) -> None:
         if not self.accepting:
@@ -468,6 +485,7 @@ class DuplexServer(Generic[SchedulerT]):
             session_log=session_log,
             outbox=send,
             counters=self.counters,
+            burst_floor_ms=self.burst_floor_ms,
         )
         self.counters.sessions_opened += 1
         self.counters.sessions_by_dialect[dialect] += 1
@@ -738,6 +756,9 @@ async def open_linked_server(
         opus_workers=opus_workers,
         log_probe_interval_s=log_probe_interval_s,
         voice_aliases=voice_aliases,
+        # A front end's CPU is its sessions' own (the model runs in the core): per frame, it
+        # is what reading the pre-tick burst costs.
+        measure_frame_cpu=True,
     ) as server:
         yield server
 
@@ -762,6 +783,7 @@ async def _serve(
     opus_workers: int | None,
     log_probe_interval_s: float,
     voice_aliases: Mapping[str, str] | None,
+    measure_frame_cpu: bool = False,
 ) -> AsyncIterator[DuplexServer[SchedulerT]]:
     async with open_log_writer(
         log_dir, fsync=fsync, inline_io=inline_io, probe_interval_s=log_probe_interval_s
@@ -782,6 +804,8 @@ async def _serve(
             )
             server.voice_aliases = dict(voice_aliases or {})
             server.opus_workers = opus_workers
+            if measure_frame_cpu:
+                nursery.start_soon(server.measure_frame_cpu)
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(
                     _retention, server, io, log_dir, log_max_age_s, log_max_bytes, retention_interval_s

@@ -12,7 +12,7 @@ submit frames and resets to the scheduler (never blocking), emit events to a bou
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,6 +103,7 @@ class SessionActor:
         max_commands: int = 256,
         counters: Counters | None = None,
         aligner: Aligner | None = None,
+        burst_floor_ms: Callable[[], float] | None = None,
     ) -> None:
         self.core = core
         self.slot = slot
@@ -126,6 +127,7 @@ class SessionActor:
             aligner if aligner is not None else Aligner(max_total_pad_samples=core.limits.max_pad_samples)
         )
         self._tail_before_pad: int | None = None  # the tail before a client pad, for its append
+        self._burst_floor_ms = burst_floor_ms  # the server's pre-tick burst, for the aligner
 
     @property
     def session_id(self) -> str:
@@ -328,6 +330,8 @@ class SessionActor:
         refusal = self.core.refusal_for(record)
         if refusal is not None:
             return refusal
+        if self._burst_floor_ms is not None:
+            self.aligner.burst_floor_ms = self._burst_floor_ms()
         decision = self.aligner.before_append(
             arrival,
             self.scheduler.grid(),
