@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from . import kv_write
 from .engine import GREEDY, NUM_CODEBOOKS, SamplingConfig
 from .personaplex import PrefillPlan
 from .sampling import SlotSampler
@@ -55,6 +56,9 @@ class LMRunner:
             support_out_of_sync=True,
         )
         self.lm_gen.streaming_forever(batch_size)
+        # On CPU, KV-cache writes through index_put_: moshi's scatter_ costs a whole cache per
+        # write in bfloat16 (kv_write.py); the same values land either way.
+        kv_write.install(lm)
         if not cuda_graphs:
             state: Any = self.lm_gen._streaming_state
             state.graphed_main.disable = True
