@@ -53,13 +53,15 @@ from .config import ConfigError, ServerConfig
 from .faults import Faults, FaultyEngine
 from .metrics import Counters, render
 from .model.engine import ModelEngine
+from .model.errors import ModelError
+from .model.startup import FAILED, Startup, StartupState, import_engine
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
 from .web import auth
-from .web.api_chat import ApiChatConnection, ApiChatDialect
+from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
 from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
 from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
@@ -86,6 +88,12 @@ log = logging.getLogger("duplex_actors")
 
 # After every session has closed, how long connections get to flush their last frames.
 CONNECTION_GRACE_S = 0.5
+WARMUP_FRAMES = 3
+# The exit status of a server whose model cannot be served (no such model, a malformed file, not
+# enough memory for the dtype): the same as a bad setting's.
+FATAL_EXIT_CODE = 2
+# /api/chat's derived prepare timeout: this many times the default prompt's prefill at start-up.
+PREFILL_TIMEOUT_FACTOR = 4.0
 CLOSE_LINGER_S = TransportLimits().close_linger_s
 RETRY_AFTER_S = 1
 
@@ -108,25 +116,35 @@ class ModelHolder:
         self.counters = Counters()
         self.faults = Faults.from_env()
         self.engine_process: EngineProcess | None = None  # --engine-process: closed at exit
+        # The start-up phases (model/startup.py), as the engine side reports them: /ready, /health.
+        self.startup = StartupState()
+        # Called with one line when the model cannot be served (a phase failed before /ready):
+        # the entries end the process with it (cli.py, create_app()); None: /health reports it.
+        self.on_fatal: Callable[[str], None] | None = None
 
     def load(self) -> ModelEngine:
         cfg = self.config
         kwargs: dict[str, Any] = dict(
             slots=cfg.max_sessions,
             device=cfg.device,
+            dtype=cfg.dtype,
+            memory_limit=cfg.memory_limit,
             family=cfg.family,
             revision=cfg.revision,
             torch_threads=cfg.torch_threads,
+            retry_unavailable=True,
+            prepare_default=True,
         )
         engine: ModelEngine
-        if cfg.engine_process:
+        if cfg.engine_process:  # the child imports and reports it (model/process.py)
             from .model.process import EngineProcess
 
-            engine = self.engine_process = EngineProcess(cfg.model, **kwargs)
+            engine = self.engine_process = EngineProcess(cfg.model, on_phase=self.startup.record, **kwargs)
         else:
+            import_engine(Startup(self.startup.record))
             from .model.factory import open_engine
 
-            engine = open_engine(cfg.model, **kwargs)
+            engine = open_engine(cfg.model, on_phase=self.startup.record, **kwargs)
         if self.faults.active:
             log.warning("DUPLEX_FAULTS is set: faults will be injected (%s)", self.faults)
             self.faults.install_log_faults()
@@ -145,11 +163,28 @@ class ModelHolder:
         try:
             await self.run()
         except Exception as exc:  # reported by /health and /ready
-            log.exception("serving model %s failed", self.config.model)
-            self.error = f"{type(exc).__name__}: {exc}"
+            if self.loaded_at is not None:
+                log.exception("serving model %s failed", self.config.model)
+                self.error = f"{type(exc).__name__}: {exc}"
+            else:
+                self._failed_to_start(exc)
         finally:
             self.engine = self.server = None
             await self.close_engine()
+
+    def _failed_to_start(self, exc: Exception) -> None:
+        """A phase failed before the server was ready: nothing will heal it (a checkpoint that
+        cannot be fetched now is retried inside the resolve phase and never gets here)."""
+        current = self.startup.current
+        phase = current.name if current is not None and current.state == FAILED else "server start-up"
+        if not isinstance(exc, ModelError | OSError):
+            log.error("the %s phase failed", phase, exc_info=exc)  # a bug: its traceback helps
+        self.error = f"{phase}: {type(exc).__name__}: {exc}"
+        line = f"cannot serve {self.config.model}: the {phase} phase failed: {exc}"
+        if self.on_fatal is not None:
+            self.on_fatal(" ".join(line.split()))
+        else:
+            log.error("%s", line)
 
     async def close_engine(self) -> None:
         """End the engine's child process (``--engine-process``) once the server is done."""
@@ -189,17 +224,20 @@ class ModelHolder:
             server.counters = self.counters
             if cfg.log_upload:
                 await nursery.start(self._upload_logs, server)
-            started = time.perf_counter()
-            warmup = await server.open_session({}, dialect="warmup")
-            for _ in range(3):
-                await warmup.append(np.zeros(FRAME_SAMPLES, dtype=np.float32))
-            frames = 0
-            async for event in warmup.events():
-                frames += isinstance(event, AudioFrame)
-                if frames == 3:
-                    break
-            await warmup.close()
-            self.warmup_ms = (time.perf_counter() - started) * 1000
+            with Startup(self.startup.record).phase("warmup", total=WARMUP_FRAMES, unit="frames") as phase:
+                started = time.perf_counter()
+                warmup = await server.open_session({}, dialect="warmup")
+                for _ in range(WARMUP_FRAMES):
+                    await warmup.append(np.zeros(FRAME_SAMPLES, dtype=np.float32))
+                frames = 0
+                async for event in warmup.events():
+                    if isinstance(event, AudioFrame):
+                        frames += 1
+                        phase.progress(frames)
+                    if frames == WARMUP_FRAMES:
+                        break
+                await warmup.close()
+                self.warmup_ms = (time.perf_counter() - started) * 1000
             self.engine, self.server = engine, server
             self._apply_admission()
             self.loaded_at = time.time()
@@ -252,6 +290,21 @@ class ModelHolder:
         self._apply_admission()
         return True
 
+    def prepare_timeout(self) -> tuple[float, str]:
+        """How long an /api/chat handshake waits for its prompt's prefill, and where that
+        figure comes from (said in the error when it is hit)."""
+        setting = self.config.prepare_timeout_s
+        if setting is not None:
+            return setting, "--prepare-timeout / DUPLEX_PREPARE_TIMEOUT"
+        measured = self.startup.duration("prefill")
+        if measured is not None and PREFILL_TIMEOUT_FACTOR * measured > PREPARE_TIMEOUT_S:
+            return (
+                PREFILL_TIMEOUT_FACTOR * measured,
+                f"{PREFILL_TIMEOUT_FACTOR:g} times the default prompt's {measured:.1f} s prefill at "
+                "start-up; --prepare-timeout sets it",
+            )
+        return PREPARE_TIMEOUT_S, "the default; --prepare-timeout sets it"
+
     def add_connection(self, conn: Connection) -> None:
         self.connections.add(conn)
 
@@ -301,10 +354,15 @@ def _holder() -> ModelHolder:
 
 @routes.get("/health")
 async def health() -> Any:
+    """200 ``healthy``, 200 ``loading`` (alive, starting: ``/ready`` says how far), or 503
+    ``unhealthy`` (the model failed, or its scheduler)."""
     holder = _holder()
     failed = holder.error or (holder.server is not None and holder.server.scheduler.failed is not None)
     if failed:
         return jsonify({"status": "unhealthy", "error": holder.error or "the model scheduler failed"}), 503
+    if holder.loaded_at is None:
+        current = holder.startup.current
+        return jsonify({"status": "loading", "phase": current.name if current is not None else None})
     return jsonify({"status": "healthy"})
 
 
@@ -316,6 +374,9 @@ async def ready() -> Any:
     draining = holder.draining or holder.paused
     if engine is None or server is None or draining or not server.writer.healthy:
         body: dict[str, Any] = {"ready": False, "model": model, "draining": draining}
+        if holder.loaded_at is None:
+            body["loading"] = True
+            body.update(holder.startup.as_json())
         if holder.error:
             body["error"] = holder.error
         if server is not None and not server.writer.healthy:
@@ -329,6 +390,7 @@ async def ready() -> Any:
             "slots_total": engine.slots,
             "slots_free": server.scheduler.table.free,
             "warmup_ms": round(holder.warmup_ms or 0, 1),
+            "phases_done_s": holder.startup.as_json()["phases_done_s"],
         }
     )
 
@@ -539,11 +601,16 @@ async def _run_connection(
         byte_burst=holder.config.byte_burst,
         persist_s=holder.config.rate_limit_after_s,
     )
-    kind = ApiChatConnection if isinstance(dialect, ApiChatDialect) else Connection
+    extra: dict[str, Any] = {}
+    kind: type[Connection] = Connection
+    if isinstance(dialect, ApiChatDialect):
+        kind = ApiChatConnection
+        extra["prepare_timeout_s"], extra["prepare_timeout_source"] = holder.prepare_timeout()
     conn: Connection = kind(
         server,
         transport,
         dialect=dialect,
+        **extra,
         idle_timeout_s=holder.config.idle_timeout_s,
         counters=holder.counters,
         faults=holder.faults,
@@ -658,10 +725,20 @@ def create_app(config: ServerConfig | None = None) -> DuplexApp:
     """
     if config is None:
         try:
-            return _guarded(ServerConfig.from_env())
+            app = _guarded(ServerConfig.from_env())
         except ConfigError as exc:
             raise SystemExit(f"duplex-actors: {exc}") from None
+        app.holder.on_fatal = exit_process
+        return app
     return _guarded(config)
+
+
+def exit_process(line: str) -> None:
+    """The hypercorn entry's end when the model cannot be served: hypercorn has no way to be
+    told to exit non-zero, so the process ends here (nothing is being served yet; an engine
+    process sees its parent go and ends too)."""
+    print(f"duplex-actors: {line}", file=sys.stderr, flush=True)
+    os._exit(FATAL_EXIT_CODE)
 
 
 def _guarded(config: ServerConfig) -> DuplexApp:

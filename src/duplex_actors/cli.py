@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
+from .model.memory import DTYPES, parse_size
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -47,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     # of times (steps of ~2 s instead of 20 ms). 0.5 ms bounds that wait (issue 13 item 2).
     sys.setswitchinterval(args.switch_interval_ms / 1000)
 
-    from .app import create_app
+    from .app import FATAL_EXIT_CODE, create_app
     from .config import ServerConfig, _parse, parse_flag
     from .web.hardening import HardenedConfig
 
@@ -57,6 +58,13 @@ def _serve(args: argparse.Namespace) -> int:
         family=args.family,
         max_sessions=args.max_sessions,
         device=args.device,
+        dtype=args.dtype,
+        memory_limit=(
+            args.memory_limit
+            if args.memory_limit is not None
+            else _parse(os.environ, "DUPLEX_MEMORY_LIMIT", parse_size, "a size such as 24G or 512M")
+        ),
+        prepare_timeout_s=args.prepare_timeout,
         torch_threads=args.torch_threads,
         engine_process=args.engine_process or parse_flag(os.environ, "DUPLEX_ENGINE_PROCESS", False),
         log_dir=args.log_dir,
@@ -110,10 +118,21 @@ def _serve(args: argparse.Namespace) -> int:
     # only has to let handlers return (a send blocked on a stuck client never would).
     hyper.graceful_timeout = 1.0
 
+    exit_code = 0
+
     async def main() -> None:
         app = create_app(config)
         holder = app.holder
         stop = trio.Event()
+
+        def fatal(line: str) -> None:
+            # The model cannot be served: one line, then the server stops with a non-zero status.
+            nonlocal exit_code
+            print(f"duplex-actors: {line}", file=sys.stderr, flush=True)
+            exit_code = FATAL_EXIT_CODE
+            stop.set()
+
+        holder.on_fatal = fatal
 
         async def on_signals() -> None:
             # The receiver stays open while draining, so a second SIGTERM cannot kill us midway.
@@ -159,7 +178,14 @@ def _serve(args: argparse.Namespace) -> int:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    return 0
+    return exit_code
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
@@ -187,6 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--family", choices=["personaplex", "moshi"], default=None)
     serve.add_argument("--max-sessions", type=int, default=8, help="engine slots (default 8)")
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    serve.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the model's dtype: auto (default: bfloat16 on CUDA, float32 on CPU), bfloat16, float16 "
+        "or float32; one that cannot fit in memory is refused at start-up, with the figures",
+    )
+    serve.add_argument(
+        "--memory-limit",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the model may use at most, e.g. 20G (default: what the device has free; "
+        "env DUPLEX_MEMORY_LIMIT); checked at start-up before anything is loaded",
+    )
     serve.add_argument("--torch-threads", type=int, default=1, help="torch threads on CPU (default 1)")
     serve.add_argument(
         "--engine-process",
@@ -312,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Opus codec processes for /api/chat sessions, started on the first one "
         "(default: DUPLEX_OPUS_WORKERS, else half the CPUs, 1 to 4)",
+    )
+    serve.add_argument(
+        "--prepare-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="/api/chat: how long a handshake waits for its prompt's prefill (default: 30 s, or 4 "
+        "times the default prompt's prefill measured at start-up if longer)",
     )
     serve.add_argument(
         "--body-timeout",
