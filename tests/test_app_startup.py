@@ -134,3 +134,15 @@ async def test_ready_and_health_while_loading():
     holder.error = "load: CheckpointError: bad"
     health = await client.get("/health")
     assert health.status_code == 503 and (await health.get_json())["status"] == "unhealthy"
+
+
+async def test_a_setting_that_cannot_work_ends_start_up_before_the_model_loads(tmp_path):
+    holder = ModelHolder(ServerConfig(model="tiny", input_buffer_bytes=1000, log_dir=str(tmp_path)))
+    lines: list[str] = []
+    holder.on_fatal = lines.append
+    with trio.fail_after(60):
+        await holder._serve()
+    assert lines == [
+        "cannot serve tiny: the server start-up phase failed: max_buffered_samples must hold at least 10 s of audio"
+    ]
+    assert holder.startup.phases == {}  # nothing was loaded

@@ -200,6 +200,14 @@ class ModelHolder:
         from .session.events import AudioFrame
 
         cfg = self.config
+        # Checked before the model loads: a bad limit must not cost a 7B load first.
+        limits = SessionLimits(
+            max_buffered_samples=cfg.input_buffer_bytes // 4,
+            input_budget_samples=min(
+                max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
+            ),
+            max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
+        )
         engine = await trio.to_thread.run_sync(self.load)
         async with (
             open_duplex_server(
@@ -208,13 +216,7 @@ class ModelHolder:
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
                 log_probe_interval_s=cfg.log_probe_interval_s,
-                limits=SessionLimits(
-                    max_buffered_samples=cfg.input_buffer_bytes // 4,
-                    input_budget_samples=min(
-                        max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
-                    ),
-                    max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
-                ),
+                limits=limits,
                 outbox_size=cfg.outbox_events,
                 tick_policy=cfg.tick_policy,
                 opus_workers=cfg.opus_workers,
