@@ -14,7 +14,10 @@ A bad ``DUPLEX_*`` value stops the process with one line naming the variable.
 
 At start-up it loads the model in a worker thread, starts the in-process duplex server
 (scheduler actor, log writer, log retention) and warms it up with one silent session through
-the real path before ``/ready`` turns 200.
+the real path before ``/ready`` turns 200. The engine side reports each step as a start-up phase
+(``model/startup.py``): ``/ready`` shows the one under way, ``/health`` says ``loading``. A phase
+that fails ends the process with one line naming it (:attr:`ModelHolder.on_fatal`); a hub that
+cannot be reached is retried inside the resolve phase instead.
 
 Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime projection;
 ``?duplex=1`` accepted, ``?model=`` checked, ``?autostart=0`` waits for the first message),
