@@ -70,10 +70,11 @@ class PhaseReport:
 PhaseSink = Callable[[PhaseReport], None]
 
 
-def _amount(value: float, unit: str) -> str:
+def _amounts(done: float, total: float, unit: str) -> str:
+    """``0.75 GB of 1.00 GB``, ``110 of 243 positions``."""
     if unit == "bytes":
-        return f"{value / 1e9:.2f} GB" if value >= 1e8 else f"{value / 1e6:.1f} MB"
-    return f"{value:g} {unit}".strip()
+        return f"{done / 1e9:.2f} GB of {total / 1e9:.2f} GB"
+    return f"{done:g} of {total:g} {unit}".strip()
 
 
 class Phase:
@@ -111,11 +112,10 @@ class Phase:
             self._logged = now
             eta = self.eta()
             log.info(
-                "start-up: %s %.0f%% (%s of %s)%s",
+                "start-up: %s %.0f%% (%s)%s",
                 self.name,
                 100 * done / self.total,
-                _amount(done, self.unit),
-                _amount(self.total, self.unit),
+                _amounts(done, self.total, self.unit),
                 f", about {eta:.0f} s left" if eta is not None else "",
             )
 
