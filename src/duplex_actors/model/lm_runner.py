@@ -56,8 +56,8 @@ class LMRunner:
             support_out_of_sync=True,
         )
         self.lm_gen.streaming_forever(batch_size)
-        # On CPU, KV-cache writes through index_put_: moshi's scatter_ costs a whole cache per
-        # write in bfloat16 (kv_write.py); the same values land either way.
+        # On CPU in bfloat16 and float16, KV-cache writes through index_put_: moshi's scatter_
+        # costs a whole cache per write there (kv_write.py); the same values land either way.
         kv_write.install(lm)
         if not cuda_graphs:
             state: Any = self.lm_gen._streaming_state
