@@ -19,6 +19,10 @@ starts a core for the log dir (:func:`ensure_engine_core`) and every worker link
 start-up the app links to the core, starts its duplex server over the link (session actors, log
 writer, log retention) and turns ``/ready`` 200; ``/metrics`` and ``/ready`` report the whole
 server (every front end's counters, the core's slots and steps).
+The engine core reports each step of its start-up as a phase (``model/startup.py``); every
+front end mirrors them (:attr:`ModelHolder.startup`): ``/ready`` shows the one under way,
+``/health`` says ``loading``. A phase that fails ends the server with one line naming it
+(:attr:`ModelHolder.on_fatal`); a hub that cannot be reached is retried inside the resolve phase.
 
 Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime projection;
 ``?duplex=1`` accepted, ``?model=`` checked, ``?autostart=0`` waits for the first message),
@@ -55,16 +59,25 @@ from quart_trio import QuartTrio
 
 from .audio import SAMPLE_RATE
 from .config import ConfigError, ServerConfig
-from .core.link import CoreEngine, CoreLink, CoreUnavailable, connect_core, engine_core_address
+from .core.link import (
+    CoreEngine,
+    CoreLink,
+    CoreStartFailed,
+    CoreUnavailable,
+    connect_core,
+    engine_core_address,
+)
 from .faults import Faults
 from .metrics import Counters, FrontEndSnapshot, merge_snapshots, render
+from .model.errors import ModelError
+from .model.startup import FAILED, PhaseReport, StartupState
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
 from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation, open_linked_server
 from .web import auth
-from .web.api_chat import ApiChatConnection, ApiChatDialect
+from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
 from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
 from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
@@ -94,6 +107,12 @@ log = logging.getLogger("duplex_actors")
 
 # After every session has closed, how long connections get to flush their last frames.
 CONNECTION_GRACE_S = 0.5
+WARMUP_FRAMES = 3
+# The exit status of a server whose model cannot be served (no such model, a malformed file, not
+# enough memory for the dtype): the same as a bad setting's.
+FATAL_EXIT_CODE = 2
+# /api/chat's derived prepare timeout: this many times the default prompt's prefill at start-up.
+PREFILL_TIMEOUT_FACTOR = 4.0
 CLOSE_LINGER_S = TransportLimits().close_linger_s
 RETRY_AFTER_S = 1
 # How long a front end waits for the engine core it started (or found starting) to answer:
@@ -132,6 +151,8 @@ async def ensure_engine_core(config: ServerConfig) -> str:
                 "DUPLEX_FAMILY": config.family or "",
                 "DUPLEX_MAX_SESSIONS": str(config.max_sessions),
                 "DUPLEX_DEVICE": config.device,
+                "DUPLEX_DTYPE": config.dtype,
+                "DUPLEX_MEMORY_LIMIT": "" if config.memory_limit is None else str(config.memory_limit),
                 "DUPLEX_TORCH_THREADS": str(config.torch_threads),
                 "DUPLEX_TICK_POLICY": config.tick_policy,
                 "DUPLEX_LOG_DIR": str(config.log_dir),
@@ -182,11 +203,17 @@ class ModelHolder:
         self.faults = Faults.from_env()
         self.core_lost = trio.Event()  # the engine core's link closed (its sessions have ended)
         self._started = trio.Event()  # serving, or failed to start
+        # The engine core's start-up phases (model/startup.py), as it reports them: /ready, /health.
+        self.startup = StartupState()
+        # Called with one line when the model cannot be served (a phase failed before /ready):
+        # the hypercorn entry ends the process with it (create_app()); None: /health reports it.
+        self.on_fatal: Callable[[str], None] | None = None
 
     async def start(self, nursery: trio.Nursery) -> None:
         """At the app's start-up: serve in ``nursery``; the agent responder too. A front end
-        of ``serve`` (its core is up: ``engine_core`` is set) returns once linked and serving,
-        so that hypercorn accepts no connection before it is ready."""
+        of ``serve`` (``engine_core`` is set) returns once linked and serving, or once the core
+        says it is still loading: hypercorn accepts no connection a ready core could have had
+        served, and answers ``/ready`` (with the phase) while the core loads."""
         nursery.start_soon(self._serve)
         cfg = self.config
         if cfg.engine_core is not None:
@@ -200,11 +227,38 @@ class ModelHolder:
         try:
             await self.run()
         except Exception as exc:  # reported by /health and /ready
-            log.exception("serving model %s failed", self.config.model)
-            self.error = f"{type(exc).__name__}: {exc}"
+            if self.loaded_at is not None:
+                log.exception("serving model %s failed", self.config.model)
+                self.error = f"{type(exc).__name__}: {exc}"
+            else:
+                self._failed_to_start(exc)
         finally:
             self.engine = self.server = None
             self._started.set()
+
+    def _core_phase(self, report: PhaseReport) -> None:
+        """A start-up phase of the engine core, while it loads: mirrored for /ready, and
+        hypercorn may serve from now on (its /ready says how far the core is)."""
+        self.startup.record(report)
+        self._started.set()
+
+    def _failed_to_start(self, exc: Exception) -> None:
+        """A phase failed before the server was ready: nothing will heal it (a checkpoint that
+        cannot be fetched now is retried inside the resolve phase and never gets here)."""
+        current = self.startup.current
+        phase = current.name if current is not None and current.state == FAILED else "server start-up"
+        if not isinstance(exc, ModelError | OSError | CoreStartFailed):
+            log.error("the %s phase failed", phase, exc_info=exc)  # a bug: its traceback helps
+        self.error = f"{phase}: {type(exc).__name__}: {exc}"
+        line = (
+            exc.line
+            if isinstance(exc, CoreStartFailed)
+            else f"cannot serve {self.config.model}: the {phase} phase failed: {exc}"
+        )
+        if self.on_fatal is not None:
+            self.on_fatal(" ".join(line.split()))
+        else:
+            log.error("%s", line)
 
     async def run(self) -> None:
         """Link to the engine core, serve until cancelled or the core is gone; /ready is 200
@@ -213,10 +267,18 @@ class ModelHolder:
         from .session.core import SessionLimits
 
         cfg = self.config
+        # Checked before the model loads: a bad limit must not cost a 7B load first.
+        limits = SessionLimits(
+            max_buffered_samples=cfg.input_buffer_bytes // 4,
+            input_budget_samples=min(
+                max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
+            ),
+            max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
+        )
         if self.faults.active:
             self.faults.install_log_faults()
         address = cfg.engine_core or await ensure_engine_core(cfg)
-        link = await connect_core(address, timeout_s=CORE_START_TIMEOUT_S)
+        link = await connect_core(address, timeout_s=CORE_START_TIMEOUT_S, on_phase=self._core_phase)
         if link.engine.description.model_id != cfg.model:
             await link.aclose()
             raise CoreUnavailable(
@@ -225,6 +287,8 @@ class ModelHolder:
             )
         link.on_gather = self.snapshot
         self.warmup_ms = link.hello.warmup_ms
+        for report in link.hello.phases:
+            self.startup.record(report)
         async with trio.open_nursery() as nursery:
             await nursery.start(link.run)
             async with open_linked_server(
@@ -233,13 +297,7 @@ class ModelHolder:
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
                 log_probe_interval_s=cfg.log_probe_interval_s,
-                limits=SessionLimits(
-                    max_buffered_samples=cfg.input_buffer_bytes // 4,
-                    input_budget_samples=min(
-                        max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
-                    ),
-                    max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
-                ),
+                limits=limits,
                 outbox_size=cfg.outbox_events,
                 opus_workers=cfg.opus_workers,
                 voice_aliases=voice_alias_table(link.engine.family.voices, cfg.voice_aliases),
@@ -319,6 +377,21 @@ class ModelHolder:
         self._apply_admission()
         return True
 
+    def prepare_timeout(self) -> tuple[float, str]:
+        """How long an /api/chat handshake waits for its prompt's prefill, and where that
+        figure comes from (said in the error when it is hit)."""
+        setting = self.config.prepare_timeout_s
+        if setting is not None:
+            return setting, "--prepare-timeout / DUPLEX_PREPARE_TIMEOUT"
+        measured = self.startup.duration("prefill")
+        if measured is not None and PREFILL_TIMEOUT_FACTOR * measured > PREPARE_TIMEOUT_S:
+            return (
+                PREFILL_TIMEOUT_FACTOR * measured,
+                f"{PREFILL_TIMEOUT_FACTOR:g} times the default prompt's {measured:.1f} s prefill at "
+                "start-up; --prepare-timeout sets it",
+            )
+        return PREPARE_TIMEOUT_S, "the default; --prepare-timeout sets it"
+
     def add_connection(self, conn: Connection) -> None:
         self.connections.add(conn)
 
@@ -368,11 +441,16 @@ def _holder() -> ModelHolder:
 
 @routes.get("/health")
 async def health() -> Any:
+    """200 ``healthy``, 200 ``loading`` (alive, starting: ``/ready`` says how far), or 503
+    ``unhealthy`` (the model failed, or its scheduler)."""
     holder = _holder()
     link = holder.link
     failed = holder.error or (link.status.failed if link is not None else None)
     if failed:
         return jsonify({"status": "unhealthy", "error": failed}), 503
+    if holder.loaded_at is None:
+        current = holder.startup.current
+        return jsonify({"status": "loading", "phase": current.name if current is not None else None})
     return jsonify({"status": "healthy"})
 
 
@@ -392,6 +470,9 @@ async def ready() -> Any:
         or not server.writer.healthy
     ):
         body: dict[str, Any] = {"ready": False, "model": model, "draining": draining}
+        if holder.loaded_at is None:
+            body["loading"] = True
+            body.update(holder.startup.as_json())
         if holder.error or core_failed:
             body["error"] = holder.error or f"the model scheduler failed: {core_failed}"
         if server is not None and not server.writer.healthy:
@@ -405,6 +486,7 @@ async def ready() -> Any:
             "slots_total": engine.slots,
             "slots_free": link.slots_free,
             "warmup_ms": round(holder.warmup_ms or 0, 1),
+            "phases_done_s": holder.startup.as_json()["phases_done_s"],
         }
     )
 
@@ -615,11 +697,16 @@ async def _run_connection(
         byte_burst=holder.config.byte_burst,
         persist_s=holder.config.rate_limit_after_s,
     )
-    kind = ApiChatConnection if isinstance(dialect, ApiChatDialect) else Connection
+    extra: dict[str, Any] = {}
+    kind: type[Connection] = Connection
+    if isinstance(dialect, ApiChatDialect):
+        kind = ApiChatConnection
+        extra["prepare_timeout_s"], extra["prepare_timeout_source"] = holder.prepare_timeout()
     conn: Connection = kind(
         server,
         transport,
         dialect=dialect,
+        **extra,
         idle_timeout_s=holder.config.idle_timeout_s,
         counters=holder.counters,
         faults=holder.faults,
@@ -744,10 +831,20 @@ def create_app(config: ServerConfig | None = None) -> DuplexApp:
     """
     if config is None:
         try:
-            return _guarded(ServerConfig.from_env())
+            app = _guarded(ServerConfig.from_env())
         except ConfigError as exc:
             raise SystemExit(f"duplex-actors: {exc}") from None
+        app.holder.on_fatal = exit_process
+        return app
     return _guarded(config)
+
+
+def exit_process(line: str) -> None:
+    """The hypercorn entry's end when the model cannot be served: hypercorn has no way to be
+    told to exit non-zero, so the process ends here (nothing is being served yet; an engine
+    process sees its parent go and ends too)."""
+    print(f"duplex-actors: {line}", file=sys.stderr, flush=True)
+    os._exit(FATAL_EXIT_CODE)
 
 
 def _guarded(config: ServerConfig) -> DuplexApp:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
+from .model.memory import DTYPES, parse_size
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -46,6 +47,13 @@ def _serve(args: argparse.Namespace) -> int:
         family=args.family,
         max_sessions=args.max_sessions,
         device=args.device,
+        dtype=args.dtype,
+        memory_limit=(
+            args.memory_limit
+            if args.memory_limit is not None
+            else _parse(os.environ, "DUPLEX_MEMORY_LIMIT", parse_size, "a size such as 24G or 512M")
+        ),
+        prepare_timeout_s=args.prepare_timeout,
         torch_threads=args.torch_threads,
         log_dir=args.log_dir,
         log_max_age_s=args.log_max_age,
@@ -103,6 +111,13 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _make_tiny(args: argparse.Namespace) -> int:
     from .model.tiny import make_tiny_model
 
@@ -132,6 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--family", choices=["personaplex", "moshi"], default=None)
     serve.add_argument("--max-sessions", type=int, default=8, help="engine slots (default 8)")
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    serve.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the model's dtype: auto (default: bfloat16 on CUDA, float32 on CPU), bfloat16, float16 "
+        "or float32; one that cannot fit in memory is refused at start-up, with the figures",
+    )
+    serve.add_argument(
+        "--memory-limit",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the model may use at most, e.g. 20G (default: what the device has free; "
+        "env DUPLEX_MEMORY_LIMIT); checked at start-up before anything is loaded",
+    )
     serve.add_argument("--torch-threads", type=int, default=1, help="torch threads on CPU (default 1)")
     serve.add_argument(
         "--frontends",
@@ -268,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Opus codec processes for /api/chat sessions, started on the first one "
         "(default: DUPLEX_OPUS_WORKERS, else half the CPUs, 1 to 4)",
+    )
+    serve.add_argument(
+        "--prepare-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="/api/chat: how long a handshake waits for its prompt's prefill (default: 30 s, or 4 "
+        "times the default prompt's prefill measured at start-up if longer)",
     )
     serve.add_argument(
         "--body-timeout",

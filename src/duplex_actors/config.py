@@ -8,6 +8,8 @@ from typing import TypeVar
 
 import attrs
 
+from .model.memory import DTYPES, parse_size
+
 T = TypeVar("T")
 
 
@@ -62,6 +64,9 @@ class ServerConfig:
     family: str | None = None
     max_sessions: int = 8
     device: str = "cpu"
+    # auto: bfloat16 on CUDA, float32 on CPU; refused at start-up if it cannot fit (model/memory.py)
+    dtype: str = "auto"
+    memory_limit: int | None = None  # bytes the model may use at most (None: what the device has)
     torch_threads: int = 1
     # The engine core's address (a Unix socket; abstract when it starts with NUL): set by
     # ``serve`` for its front ends. None: the core of this log dir, started if none answers.
@@ -107,6 +112,9 @@ class ServerConfig:
     # Voice names besides the bundled ones (model/voices.py): the operator's (name, voice) pairs,
     # over the default table of OpenAI's voice names.
     voice_aliases: tuple[tuple[str, str], ...] = ()
+    # /api/chat: how long the handshake waits for a prompt's prefill (None: 30 s, or 4 times the
+    # default prompt's prefill at start-up if longer)
+    prepare_timeout_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.admission_refusal not in ADMISSION_REFUSALS:
@@ -117,6 +125,8 @@ class ServerConfig:
             raise ConfigError(f"opus workers: {self.opus_workers}: expected at least 1")
         if self.max_align_pad_ms < 0:
             raise ConfigError(f"max align pad: {self.max_align_pad_ms} ms: expected at least 0")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -149,8 +159,14 @@ class ServerConfig:
             raise ConfigError(
                 f"DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}"
             )
+        dtype = env.get("DUPLEX_DTYPE") or default.dtype
+        if dtype not in DTYPES:
+            raise ConfigError(f"DUPLEX_DTYPE={dtype!r}: expected one of {', '.join(DTYPES)}")
         return cls(
             model=env.get("DUPLEX_MODEL", default.model),
+            dtype=dtype,
+            memory_limit=_parse(env, "DUPLEX_MEMORY_LIMIT", parse_size, "a size such as 24G or 512M"),
+            prepare_timeout_s=_parse(env, "DUPLEX_PREPARE_TIMEOUT", float, "a number of seconds"),
             revision=env.get("DUPLEX_MODEL_REVISION") or None,
             family=env.get("DUPLEX_FAMILY") or None,
             max_sessions=integer("DUPLEX_MAX_SESSIONS", default.max_sessions),

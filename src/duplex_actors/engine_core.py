@@ -40,6 +40,7 @@ from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
 from .errors import code_of
 from .model.engine import ModelEngine
+from .model.startup import FAILED, PhaseReport, PhaseSink, Startup, StartupState, import_engine
 from .procname import set_process_name
 from .scheduler.actor import ResourceExhausted, Scheduler, SchedulerFailed, StepResult
 from .scheduler.policy import make_policy
@@ -61,37 +62,52 @@ class CoreSettings:
     family: str | None = None
     max_sessions: int = 8
     device: str = "cpu"
+    dtype: str = "auto"
+    memory_limit: int | None = None
     torch_threads: int | None = 1
     tick_policy: str = "grid"
 
 
-def warm_up(engine: ModelEngine) -> float:
-    """Prefill the default prompt into slot 0 and step three silent frames, then free the slot
-    (the first of each costs the most); the milliseconds it took."""
+WARMUP_FRAMES = 3
+
+
+def warm_up(engine: ModelEngine, on_phase: PhaseSink | None = None) -> float:
+    """The ``warmup`` phase: the default prompt into slot 0 and three silent frames stepped,
+    then the slot freed (the first of each costs the most; on CUDA the first steps capture the
+    graphs); the milliseconds it took."""
     started = time.perf_counter()
-    prompt = engine.family.session_prompt()
-    engine.prepare(prompt)
-    engine.reset(0, prompt)
-    silence = np.zeros(FRAME_SAMPLES, dtype=np.float32)
-    for _ in range(3):
-        engine.step({0: silence})
-    engine.reset(0, None)
+    with Startup(on_phase).phase("warmup", total=WARMUP_FRAMES, unit="frames") as phase:
+        prompt = engine.family.session_prompt()
+        engine.prepare(prompt)
+        engine.reset(0, prompt)
+        silence = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+        for done in range(1, WARMUP_FRAMES + 1):
+            engine.step({0: silence})
+            phase.progress(done)
+        engine.reset(0, None)
     return (time.perf_counter() - started) * 1000
 
 
-def build_engine(settings: CoreSettings) -> ModelEngine:
-    """The engine for ``settings`` (the stand-in for ``standin:STEP_MS``), with the faults of
-    ``DUPLEX_FAULTS`` armed on its steps when set."""
+def build_engine(settings: CoreSettings, on_phase: PhaseSink | None = None) -> ModelEngine:
+    """The engine for ``settings`` (the stand-in for ``standin:STEP_MS``), each step of its
+    start-up reported to ``on_phase``, with the faults of ``DUPLEX_FAULTS`` armed on its steps
+    when set. A hub that cannot be reached is retried in the resolve phase."""
     from .faults import Faults, FaultyEngine
     from .model.factory import open_served_engine
 
+    import_engine(Startup(on_phase))
     engine: ModelEngine = open_served_engine(
         settings.model,
         slots=settings.max_sessions,
         device=settings.device,
+        dtype=settings.dtype,
+        memory_limit=settings.memory_limit,
         family=settings.family,
         revision=settings.revision,
         torch_threads=settings.torch_threads,
+        retry_unavailable=True,
+        prepare_default=True,
+        on_phase=on_phase,
     )
     faults = Faults.from_env()
     if faults.active:
@@ -193,11 +209,18 @@ class EngineCore:
     """The engine, its scheduler, and the links of the front ends (:meth:`serve_link`)."""
 
     def __init__(
-        self, engine: ModelEngine, scheduler: Scheduler, settings: CoreSettings, *, warmup_ms: float = 0.0
+        self,
+        engine: ModelEngine,
+        scheduler: Scheduler,
+        settings: CoreSettings,
+        *,
+        warmup_ms: float = 0.0,
+        phases: tuple[PhaseReport, ...] = (),
     ) -> None:
         from .model.process import prompt_length_table
 
         self.warmup_ms = warmup_ms
+        self.phases = phases
         self.engine = engine
         self.scheduler = scheduler
         self.settings = settings
@@ -259,6 +282,7 @@ class EngineCore:
             output_capacity=capacity,
             frontend_id=frontend_id,
             warmup_ms=self.warmup_ms,
+            phases=self.phases,
         )
         try:
             fds = array.array("i", [inputs.fd, outputs.fd])
@@ -420,18 +444,89 @@ class EngineCore:
         asker.queue((wire.METRICS, request_id, metrics))
 
 
+class CoreStart:
+    """The core while it starts: its phases so far, then ready (the :class:`EngineCore`) or
+    failed (one line). A front end that links meanwhile is sent each phase as it changes."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.state = StartupState()
+        self.core: EngineCore | None = None
+        self.failure: str | None = None
+        self.settled = trio.Event()  # ready or failed
+
+    def failed(self, exc: BaseException) -> str:
+        current = self.state.current
+        phase = current.name if current is not None and current.state == FAILED else "start-up"
+        self.failure = " ".join(f"cannot serve {self.model}: the {phase} phase failed: {exc}".split())
+        self.settled.set()
+        return self.failure
+
+    async def serve_link(self, sock: trio.socket.SocketType) -> None:
+        sent: dict[str, PhaseReport] = {}
+        while not self.settled.is_set():
+            fresh = [r for r in list(self.state.phases.values()) if sent.get(r.name) is not r]
+            if fresh:
+                try:
+                    await sock.send(wire.encode([(wire.PHASE, report) for report in fresh]))
+                except OSError:
+                    sock.close()
+                    return
+                sent.update((r.name, r) for r in fresh)
+            with trio.move_on_after(PHASE_REPORT_S):
+                await self.settled.wait()
+        if self.core is None:
+            fresh = [r for r in list(self.state.phases.values()) if sent.get(r.name) is not r]
+            items: list[tuple[Any, ...]] = [(wire.PHASE, report) for report in fresh]
+            with trio.move_on_after(1.0):
+                try:
+                    if items:  # the phase that failed, then why
+                        await sock.send(wire.encode(items))
+                    await sock.send(wire.encode([(wire.FAILED, self.failure or "the engine core failed")]))
+                except OSError:
+                    pass
+            sock.close()
+            return
+        await self.core.serve_link(sock)
+
+
+def start_failures(group: BaseExceptionGroup[CoreStartFailed]) -> list[CoreStartFailed]:
+    """The start failures in ``group``, however deep its nurseries nested them."""
+    found: list[CoreStartFailed] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found.extend(start_failures(exc))
+        elif isinstance(exc, CoreStartFailed):
+            found.append(exc)
+    return found
+
+
+# How often a front end linked during the start-up is sent the phases that changed.
+PHASE_REPORT_S = 0.25
+
+
+class CoreStartFailed(Exception):
+    """The engine core could not start; ``line`` names the phase and the problem."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
 async def run_engine_core(
     settings: CoreSettings,
     address: str,
     *,
     idle_exit_s: float | None = None,
-    task_status: trio.TaskStatus[EngineCore] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[CoreStart] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Build the engine, then serve front-end links at ``address`` until cancelled (or, with
-    ``idle_exit_s``, until no front end has been linked for that long after the first one)."""
+    """Listen at ``address`` (``task_status`` gets the :class:`CoreStart` then), build the
+    engine, then serve front-end links until cancelled (or, with ``idle_exit_s``, until no
+    front end has been linked for that long after the first one). A start-up that fails raises
+    :class:`CoreStartFailed` once the front ends linked meanwhile have been told."""
     started = time.perf_counter()
-    # Bound before the model loads: a front end that finds it waits for its hello, and no
-    # second core starts for the same log dir meanwhile.
+    # Bound before the model loads: a front end that links meanwhile is told the phases, and
+    # no second core starts for the same log dir.
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         await listener.bind(address)
@@ -439,12 +534,25 @@ async def run_engine_core(
     except OSError:
         listener.close()
         raise
-    engine = await trio.to_thread.run_sync(build_engine, settings)
-    warmup_ms = await trio.to_thread.run_sync(warm_up, engine)
-    scheduler = Scheduler(engine, policy=make_policy(settings.tick_policy))
+    start = CoreStart(settings.model)
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_accept, listener, start, nursery)
+        task_status.started(start)
+        try:
+            engine = await trio.to_thread.run_sync(build_engine, settings, start.state.record)
+            warmup_ms = await trio.to_thread.run_sync(warm_up, engine, start.state.record)
+        except Exception as exc:
+            line = start.failed(exc)
+            with trio.move_on_after(2.0):  # the linked front ends are told
+                await trio.sleep(PHASE_REPORT_S * 2)
+            raise CoreStartFailed(line) from exc
+        scheduler = Scheduler(engine, policy=make_policy(settings.tick_policy))
         await nursery.start(scheduler.run)
-        core = EngineCore(engine, scheduler, settings, warmup_ms=warmup_ms)
+        core = EngineCore(
+            engine, scheduler, settings, warmup_ms=warmup_ms, phases=tuple(start.state.phases.values())
+        )
+        start.core = core
+        start.settled.set()
         log.info(
             "engine core %d: %s with %d slots ready in %.1f s (warm-up %.0f ms)",
             os.getpid(),
@@ -453,18 +561,16 @@ async def run_engine_core(
             time.perf_counter() - started,
             warmup_ms,
         )
-        nursery.start_soon(_accept, listener, core, nursery)
         if idle_exit_s is not None:
             nursery.start_soon(_exit_when_idle, core, idle_exit_s, nursery.cancel_scope)
-        task_status.started(core)
         await trio.sleep_forever()
 
 
-async def _accept(listener: trio.socket.SocketType, core: EngineCore, nursery: trio.Nursery) -> None:
+async def _accept(listener: trio.socket.SocketType, start: CoreStart, nursery: trio.Nursery) -> None:
     with listener:
         while True:
             sock, _ = await listener.accept()
-            nursery.start_soon(core.serve_link, sock)
+            nursery.start_soon(start.serve_link, sock)
 
 
 async def _exit_when_idle(core: EngineCore, idle_s: float, scope: trio.CancelScope) -> None:
@@ -488,6 +594,8 @@ def core_settings(config: ServerConfig) -> CoreSettings:
         family=config.family,
         max_sessions=config.max_sessions,
         device=config.device,
+        dtype=config.dtype,
+        memory_limit=config.memory_limit,
         torch_threads=config.torch_threads,
         tick_policy=config.tick_policy,
     )
@@ -524,7 +632,14 @@ def main() -> None:
         print(f"duplex-actors engine core: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     address = engine_core_address(config.log_dir)
-    trio.run(partial(run_engine_core, core_settings(config), address, idle_exit_s=IDLE_EXIT_S))
+    failed: list[str] = []
+    try:
+        trio.run(partial(run_engine_core, core_settings(config), address, idle_exit_s=IDLE_EXIT_S))
+    except* CoreStartFailed as group:  # the front ends were told, and say it too
+        failed.extend(exc.line for exc in start_failures(group))
+    if failed:
+        print(f"duplex-actors: {failed[0]}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from .config import ServerConfig
 from .procname import set_process_name
 
 SPEC_ENV = "DUPLEX_FRONTEND"
+PARENT_CHECK_S = 0.5
 
 
 @attrs.frozen(slots=True)
@@ -58,6 +59,8 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
     hyper.graceful_timeout = 1.0
     app = create_app(config)
     holder = app.holder
+    # The model cannot be served: serve says so in one line and exits; this front end just ends.
+    holder.on_fatal = lambda line: os._exit(2)
     stop = trio.Event()
     name = f"front end {spec.index}"
 
@@ -98,9 +101,17 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         sys.stdout.flush()
         os._exit(1)
 
+    async def watch_parent() -> None:
+        # serve is the engine core: without it nothing is served, and nothing restarts us.
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await trio.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(on_signals)
         nursery.start_soon(on_core_lost)
+        nursery.start_soon(watch_parent)
         await serve(app, hyper, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
         nursery.cancel_scope.cancel()
 

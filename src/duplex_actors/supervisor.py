@@ -30,7 +30,15 @@ import trio
 
 from .config import ServerConfig
 from .core.link import engine_core_address
-from .engine_core import CoreSettings, core_settings, prepare_log_dir, run_engine_core
+from .engine_core import (
+    CoreSettings,
+    CoreStart,
+    CoreStartFailed,
+    core_settings,
+    prepare_log_dir,
+    run_engine_core,
+    start_failures,
+)
 from .frontend import SPEC_ENV, FrontEndSpec, encode_spec
 from .procname import set_process_name
 
@@ -40,6 +48,8 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # A front end that ran this long before it died starts again with the shortest backoff.
 STABLE_RUN_S = 30.0
 LISTEN_BACKLOG = 1024
+# The exit status when the model cannot be served (as a bad setting's).
+FATAL_EXIT_CODE = 2
 
 
 def default_frontends(cores: int | None = None) -> int:
@@ -91,18 +101,30 @@ class Supervisor:
         self.address = engine_core_address(config.log_dir) + f"-{os.getpid()}"
 
     async def run(self, sockets: list[socket.socket]) -> None:
+        """Serve until drained; ``CoreStartFailed`` when the model cannot be served."""
         settings: CoreSettings = core_settings(self.config)
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_engine_core, settings, self.address)
+            # The front ends start while the core loads: their /ready shows its phases.
+            start = await nursery.start(run_engine_core, settings, self.address)
             for index, sock in enumerate(sockets):
                 nursery.start_soon(self._keep_running, index, sock)
+            print(
+                f"duplex-actors: starting {self.config.model} on http://{self.host}:{self.port}: "
+                "/ready shows the start-up",
+                flush=True,
+            )
+            nursery.start_soon(self._announce, start)
+            await self._signals()
+            nursery.cancel_scope.cancel()
+
+    async def _announce(self, start: CoreStart) -> None:
+        await start.settled.wait()
+        if start.core is not None:
             print(
                 f"duplex-actors: serving {self.config.model} on http://{self.host}:{self.port} "
                 f"({self.frontends} front end{'s' if self.frontends != 1 else ''}, engine core pid {os.getpid()})",
                 flush=True,
             )
-            await self._signals()
-            nursery.cancel_scope.cancel()
 
     async def _keep_running(self, index: int, sock: socket.socket) -> None:
         config = self.config
@@ -134,8 +156,8 @@ class Supervisor:
             finally:
                 if self.processes.get(index) is process:
                     del self.processes[index]
-            if self.stopping:
-                return
+            if self.stopping or code == FATAL_EXIT_CODE:
+                return  # draining, or the model cannot be served (the core says why)
             failures = 0 if time.monotonic() - started > STABLE_RUN_S else failures + 1
             backoff = (
                 RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S)) - 1]
@@ -231,5 +253,12 @@ def serve(
         drain_timeout_s=drain_timeout_s,
         switch_interval_ms=switch_interval_ms,
     )
-    trio.run(supervisor.run, sockets)
+    failed: list[str] = []
+    try:
+        trio.run(supervisor.run, sockets)
+    except* CoreStartFailed as group:
+        failed.extend(exc.line for exc in start_failures(group))
+    if failed:
+        print(f"duplex-actors: {failed[0]}", file=sys.stderr, flush=True)
+        return FATAL_EXIT_CODE
     return 0

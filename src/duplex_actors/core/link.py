@@ -35,6 +35,7 @@ from ..errors import CodedError
 from ..log import records as r
 from ..model.engine import EngineDescription, SessionPrompt
 from ..model.family import ModelFamily
+from ..model.startup import PhaseReport
 from ..session.alignment import Grid
 from . import wire
 from .rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
@@ -52,6 +53,15 @@ class CoreUnavailable(CodedError):
     """The engine core could not be reached, or its process is gone."""
 
     code = "internal_error"
+
+
+class CoreStartFailed(CoreUnavailable):
+    """The engine core could not start (its model cannot be served): ``line`` says which
+    phase failed and why."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
 
 
 class LinkOccupant(Protocol):
@@ -413,10 +423,17 @@ def _family(hello: wire.EngineHello) -> ModelFamily:
     return family
 
 
-async def connect_core(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> CoreLink:
+async def connect_core(
+    address: str,
+    *,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+    on_phase: Callable[[PhaseReport], None] | None = None,
+) -> CoreLink:
     """Connect to the engine core at ``address`` (a Unix socket; abstract when it starts with
     NUL), take its hello and the shared-memory rings it passes along, and return the link (its
-    :meth:`CoreLink.run` must then run). ``CoreUnavailable`` when nothing answers in time."""
+    :meth:`CoreLink.run` must then run). While the core starts, each of its start-up phases goes
+    to ``on_phase``. ``CoreUnavailable`` when nothing answers in time, ``CoreStartFailed`` when
+    the core cannot serve."""
     deadline = trio.current_time() + timeout_s
     last: BaseException | None = None
     while True:
@@ -434,7 +451,7 @@ async def connect_core(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) ->
         if peer_uid(sock) != os.getuid():
             raise CoreUnavailable("the engine core socket belongs to another user")
         with trio.fail_after(max(0.1, deadline - trio.current_time())):
-            hello, fds, decoder, early = await _receive_hello(sock)
+            hello, fds, decoder, early = await _receive_hello(sock, on_phase)
     except trio.TooSlowError:
         sock.close()
         raise CoreUnavailable(f"the engine core at {address!r} sent no hello") from None
@@ -447,10 +464,10 @@ async def connect_core(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) ->
 
 
 async def _receive_hello(
-    sock: trio.socket.SocketType,
+    sock: trio.socket.SocketType, on_phase: Callable[[PhaseReport], None] | None
 ) -> tuple[wire.EngineHello, list[int], wire.Decoder, list[list[tuple[Any, ...]]]]:
-    """The hello, the two ring descriptors that ride along with it, and the decoder with any
-    messages that came in the same read."""
+    """The start-up phases (to ``on_phase``), then the hello, the two ring descriptors that ride
+    along with it, and the decoder with any messages that came in the same read."""
     fds = array.array("i")
     decoder = wire.Decoder()
     while True:
@@ -461,11 +478,25 @@ async def _receive_hello(
         if not data:
             raise CoreUnavailable("the engine core closed the link before its hello")
         messages = decoder.feed(data)
-        if messages:
-            items = messages[0]
+        while messages:
+            items = messages.pop(0)
+            if items and items[0][0] == wire.PHASE:
+                if on_phase is not None:
+                    for item in items:
+                        on_phase(item[1])
+                continue
+            if items and items[0][0] == wire.FAILED:
+                raise CoreStartFailed(items[0][1])
             if not items or items[0][0] != wire.HELLO or len(fds) != 2:
                 raise CoreUnavailable("the engine core's first message is not its hello")
-            return items[0][1], list(fds), decoder, messages[1:]
+            return items[0][1], list(fds), decoder, messages
 
 
-__all__ = ["CoreEngine", "CoreLink", "CoreUnavailable", "connect_core", "engine_core_address"]
+__all__ = [
+    "CoreEngine",
+    "CoreLink",
+    "CoreStartFailed",
+    "CoreUnavailable",
+    "connect_core",
+    "engine_core_address",
+]

@@ -24,7 +24,9 @@ at, seq_or_bytes)``                                  when the session submitted 
 Core -> front end:
 
 ===================================================  ===============================================
-``(HELLO, EngineHello)``                             once, first (the ring descriptors ride along)
+``(PHASE, PhaseReport)``                             while the core starts: a start-up phase
+``(FAILED, line)``                                   the core cannot serve (then it closes)
+``(HELLO, EngineHello)``                             once ready (the ring descriptors ride along)
 ``(ADMITTED, request_id, slot)``                     admission granted
 ``(REFUSED, request_id, code, message)``             admission refused (``resource_exhausted`` ...)
 ``(RESULT, slot, epoch, frame_index, ready,          one slot's step output (its PCM16 in the
@@ -54,6 +56,7 @@ import attrs
 
 from ..model.engine import EngineDescription
 from ..model.family import ModelFamily
+from ..model.startup import PhaseReport
 
 ADMIT, UNADMIT, FRAME, RESET, RELEASE, ACK, GATHERED, METRICS = (
     "admit",
@@ -76,7 +79,7 @@ HELLO, ADMITTED, REFUSED, RESULT, DRAINED, RESET_DONE, RESET_FAILED, STEP_FAILED
     "step_failed",
     "released",
 )
-STATUS, GATHER = "status", "gather"
+STATUS, GATHER, PHASE, FAILED = "status", "gather", "phase", "failed"
 
 _LENGTH = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 64 << 20
@@ -103,6 +106,7 @@ class EngineHello:
     output_capacity: int
     frontend_id: int
     warmup_ms: float  # the engine's warm-up at start-up (a prompt prefilled, three steps)
+    phases: tuple[PhaseReport, ...] = ()  # the core's start-up, phase by phase
 
 
 @attrs.frozen(slots=True)

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from ..log import records as r
 from ..model.engine import ModelEngine
 from ..model.errors import ModelError
+from ..model.memory import DTYPES
 from ..session import events as ev
 from .replayer import (
     ReplayReport,
@@ -86,26 +87,32 @@ class EngineCache:
     """One engine per (model spec, family, dtype, batch width), reused across logs (it is reset
     per epoch). The width is the one each log was served at, unless ``batch_width`` overrides it."""
 
-    def __init__(self, spec: str | None, device: str, force: bool, batch_width: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: str | None,
+        device: str,
+        force: bool,
+        batch_width: int | None = None,
+        dtype: str | None = None,
+    ) -> None:
         self.spec = spec
         self.device = device
+        self.dtype = dtype  # None: the dtype each log was served in (its header's)
         self.force = force
         self.batch_width = batch_width
         self._engines: dict[tuple[str, str, str, int], ModelEngine] = {}
 
     def for_header(self, header: r.Header) -> ModelEngine:
-        import torch
-
         from ..model.factory import open_engine
 
         spec = self.spec or header.model_id
         family = (header.engine or {}).get("family")
-        dtype = header.dtype or "float32"
+        dtype = self.dtype or header.dtype or "float32"
         width = self.batch_width or logged_batch_width(header)
         key = (spec, family or "", dtype, width)
         if key not in self._engines:
             self._engines[key] = open_engine(
-                spec, slots=width, device=self.device, dtype=getattr(torch, dtype), family=family
+                spec, slots=width, device=self.device, dtype=dtype, family=family
             )
         engine = self._engines[key]
         sha = engine.describe().checkpoint_sha256
@@ -197,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
+        "--dtype",
+        choices=[d for d in DTYPES if d != "auto"],
+        default=None,
+        help="model replay: the model's dtype (default: the one each log was served in, as its "
+        "header records; another dtype is not exact)",
+    )
+    parser.add_argument(
         "--batch-width",
         type=_positive_int,
         default=None,
@@ -231,11 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(files) > 1 and (args.emit or args.wav or args.dump):
         print("duplex-replay: --emit, --wav and --dump take a single log", file=sys.stderr)
         return 2
-    if args.batch_width is not None and args.model is None:
-        print("duplex-replay: --batch-width needs --model", file=sys.stderr)
-        return 2
+    for flag, value in (("--batch-width", args.batch_width), ("--dtype", args.dtype)):
+        if value is not None and args.model is None:
+            print(f"duplex-replay: {flag} needs --model", file=sys.stderr)
+            return 2
     engines = (
-        EngineCache(args.model or None, args.device, args.force, args.batch_width)
+        EngineCache(args.model or None, args.device, args.force, args.batch_width, args.dtype)
         if args.model is not None
         else None
     )

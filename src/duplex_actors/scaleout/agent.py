@@ -44,7 +44,9 @@ def agent_status(holder: Any) -> str:
         return down(f"model failed: {holder.error}")
     server = holder.server
     if server is None:
-        return down("the model is loading")
+        startup = getattr(holder, "startup", None)
+        phase = startup.current if startup is not None else None
+        return down("the model is loading" + (f" ({phase.name})" if phase is not None else ""))
     scheduler = server.scheduler
     if scheduler.failed is not None or getattr(getattr(scheduler, "status", None), "failed", None):
         return down("the model scheduler failed")
