@@ -109,9 +109,13 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
     assert row["step_ms"] >= 25.0  # the stand-in's step sleeps 25 ms: its wall time is no less
     assert row["lat_p50"] >= 25.0  # an output frame needs one step after its input arrived
     assert row["frontends"] == 1 and row["frontend_us_per_frame"] > 0
-    assert row["engine_cpu_ms_per_tick"] is None  # today's server has no engine-core process
+    # serve's own process is the engine core (named duplex-engine); its front end is a child
+    assert row["engine_cpu_ms_per_tick"] is not None and row["engine_cpu_ms_per_tick"] > 0
     (root,) = [p for p in row["cpu"]["processes"] if p["root"]]
-    assert root["role"] == "frontend" and "serve" in root["cmdline"]
+    assert root["role"] == "engine" and "serve" in root["cmdline"]
+    assert [p["role"] for p in row["cpu"]["processes"] if "duplex_actors.frontend" in p["cmdline"]] == [
+        "frontend"
+    ]
     (search,) = result["searches"]
     assert search["tried"] == [4] and search["largest_n_held"] in (0, 4)
     assert "results: " in proc.stdout and "fe us/fr" in proc.stdout
