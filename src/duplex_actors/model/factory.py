@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .checkpoint import CheckpointFiles, checkpoint_from_dir, find_checkpoint
+from .engine import DEFAULT_CONTEXT_POLICY
 from .errors import CheckpointError
 from .loading import load_checkpoint
 from .moshi_engine import MoshiEngine, PrefillMode
@@ -36,7 +37,17 @@ def open_engine(
     revision: str | None = None,
     prefill: PrefillMode = "snapshot",
     torch_threads: int | None = 1,
+    context_policy: str = DEFAULT_CONTEXT_POLICY,
+    pin_max: int | None = None,
 ) -> MoshiEngine:
     files = resolve_checkpoint(model, revision=revision)
     loaded = load_checkpoint(files, device=device, dtype=dtype)
-    return MoshiEngine(loaded, slots=slots, family=family, prefill=prefill, torch_threads=torch_threads)
+    return MoshiEngine(
+        loaded,
+        slots=slots,
+        family=family,
+        prefill=prefill,
+        torch_threads=torch_threads,
+        context_policy=context_policy,
+        pin_max=pin_max,
+    )
