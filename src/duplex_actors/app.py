@@ -117,6 +117,8 @@ class ModelHolder:
             family=cfg.family,
             revision=cfg.revision,
             torch_threads=cfg.torch_threads,
+            context_policy=cfg.context_policy,
+            pin_max=cfg.max_pinned_prompt,
         )
         engine: ModelEngine
         if cfg.engine_process:

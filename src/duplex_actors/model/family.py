@@ -95,9 +95,9 @@ class ModelFamily:
     # prefill takes. Without them (logic replay, tests) no prompt is too long.
     context_positions: int = 0
     prompt_positions: Callable[[SessionPrompt], int] | None = attrs.field(default=None, eq=False, repr=False)
-    # The most positions a prompt may take; 0: 3/4 of the context. A pinned prompt takes its
+    # The most positions a prompt may take; None: 3/4 of the context. A pinned prompt takes its
     # positions from the recent memory of the whole session, so it is capped lower.
-    prompt_budget: int = 0
+    prompt_budget: int | None = None
     pinned_prompt: bool = False
 
     @property
@@ -106,7 +106,9 @@ class ModelFamily:
 
     @property
     def prompt_budget_positions(self) -> int:
-        return self.prompt_budget or self.context_positions * 3 // 4
+        if self.prompt_budget is not None:
+            return self.prompt_budget
+        return self.context_positions * 3 // 4
 
     def check_context(self, prompt: SessionPrompt) -> None:
         """Refuse a prompt whose prefill would take more than its budget of the model's context

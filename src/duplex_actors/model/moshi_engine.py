@@ -143,9 +143,19 @@ class MoshiEngine:
                 self.family,
                 context_positions=int(lm.context),
                 prompt_positions=self._prompt_positions,
-                prompt_budget=self.pin_max or 0,
+                prompt_budget=self.pin_max,
                 pinned_prompt=self.pin_max is not None,
             )
+            if self.pin_max is not None and self.family.default_voice is not None:
+                # Sessions that set no persona get the default one: it must be pinnable.
+                default = self._prompt_positions(self.family.session_prompt())
+                if default > self.pin_max:
+                    raise ValueError(
+                        f"context_policy 'pin-prompt': the default prompt ({self.family.default_voice}, "
+                        f"the default persona) takes {default} positions, more than the pinned "
+                        f"prompt's cap of {self.pin_max}; raise the cap (pin_max, serve "
+                        f"--max-pinned-prompt), to at most {self.context - 1}"
+                    )
         self._snapshots: OrderedDict[tuple[str, str], SlotState] = OrderedDict()
         self._plans: dict[tuple[str, str], PrefillPlan] = {}
         self._prepare_lock = threading.Lock()
