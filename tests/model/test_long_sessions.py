@@ -1,7 +1,8 @@
 """Sessions longer than the context, at the engine level: ``context_policy="pin-prompt"``.
 
 The tiny checkpoint with a context of C = 96 positions, four slots and burst prefill (so that
-every prompt position runs in the batch): staggered starts, a slot that idles on most ticks,
+every prompt position runs in the batch; steps go straight to the LM, see ``_run``): staggered
+starts, a slot that idles on most ticks,
 one closed and reopened with another persona, a slot with no prompt (pin 0) among wrapped
 ones, and over 4C steps for the longest session. Hooks on the temporal transformer's layers
 record every executed row's input and output by position; each output must equal moshi's
@@ -16,7 +17,6 @@ from collections import defaultdict
 from functools import partial
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -26,7 +26,7 @@ from duplex_actors.model.errors import InvalidRuntimeConfig
 from duplex_actors.model.loading import load_checkpoint
 
 from .conftest import SHORT_CONTEXT
-from .helpers import engine, session_audio
+from .helpers import engine
 
 C = SHORT_CONTEXT
 PIN_MAX = 85  # the tiny tokenizer spells a persona out: its default one takes 81 positions
@@ -92,20 +92,28 @@ class LayerRecorder:
             epoch["pins"].append(pins.get(row) if pins is not None else 0)
 
 
-def _run(eng: Any, ticks: int) -> tuple[LayerRecorder, dict[tuple[int, int], tuple[int, Any]]]:
-    """Run the schedule; return the recorder and each step's (position, output) by (slot, tick)."""
+def _run(eng: Any, ticks: int) -> tuple[LayerRecorder, dict[tuple[int, int], tuple[int, list[int]]]]:
+    """Run the schedule: resets through the engine (prompts prefilled in the batch), steps
+    straight into its LM with random user codes and agent codes forced (the temporal
+    transformer is what pinning changes; Mimi and the depformer would only cost time). Return
+    the recorder and each step's (position, tokens out) by (slot, tick)."""
     recorder = LayerRecorder(eng)
-    audio = {slot: session_audio(10 + slot, TICKS) for slot in range(4)}
-    state = eng._runner.lm.transformer.layers[0].self_attn._streaming_state
-    outputs: dict[tuple[int, int], tuple[int, Any]] = {}
+    runner = eng._runner
+    state = runner.lm.transformer.layers[0].self_attn._streaming_state
+    gen = torch.Generator().manual_seed(5)
+    outputs: dict[tuple[int, int], tuple[int, list[int]]] = {}
     for tick in range(ticks):
         resets, stepped = _schedule(tick)
         for slot, prompt in resets.items():
             eng.reset(slot, prompt)
+        user = torch.randint(0, 2048, (4, 8, 1), generator=gen)
+        agent = torch.randint(0, 2048, (4, 8, 1), generator=gen)
+        executed = torch.zeros(4, dtype=torch.bool)
+        executed[stepped] = True
         positions = state.offset.tolist()
-        result = eng.step({slot: audio[slot][tick] for slot in stepped})
+        out = runner.step(user, executed, agent)
         for slot in stepped:
-            outputs[(slot, tick)] = (positions[slot], result[slot])
+            outputs[(slot, tick)] = (positions[slot], out[slot, :, 0].tolist())
     return recorder, outputs
 
 
@@ -169,20 +177,13 @@ def test_until_a_slot_wraps_it_is_moshis_ring_bit_for_bit(tiny_short_dir, pinned
         for t in range(C, len(epoch[0]["outputs"]))
     ]
     assert wrapped and not all(wrapped)  # past the wrap the two differ: the prompt is kept
-    # And the sessions' outputs: tokens, codes and audio, for every frame before the slot's wrap.
-    frames = 0
+    # And the tokens out (text; agent codes are forced here), for every step before the wrap.
+    steps = 0
     for key, (position, theirs) in ring_outputs.items():
-        ours = pinned_outputs[key][1]
-        if position >= C:
-            continue
-        assert (ours.text_token, ours.agent_codes, ours.user_codes) == (
-            theirs.text_token,
-            theirs.agent_codes,
-            theirs.user_codes,
-        ), key
-        assert np.array_equal(ours.pcm, theirs.pcm), key
-        frames += 1
-    assert frames > 100, frames
+        if position < C:
+            assert pinned_outputs[key][1] == theirs, key
+            steps += 1
+    assert steps > 100, steps
 
 
 def test_pinned_prompts_are_capped(tiny_dir):
