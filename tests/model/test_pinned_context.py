@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from duplex_actors.model import pinned_context
-from duplex_actors.model.pinned_context import PinnedPrefix, pin_attention, write_index
+from duplex_actors.model.pinned_context import KERNEL_EXPLICIT, PinnedPrefix, pin_attention, write_index
 
 EMBED, HEADS, CONTEXT = 64, 4, 16
 PINS = (5, 9, 0, 3, 15)
@@ -47,13 +47,13 @@ def _window(history: list[torch.Tensor], t: int, pin: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _run() -> dict[str, float | int]:
+def _run(kernel: str | None = None, static: bool | None = None) -> dict[str, float | int]:
     """Stream the schedule; return the largest error against the reference and what was seen."""
     attn = _attention()
     stock = copy.deepcopy(attn)
     reference = copy.deepcopy(attn)
     batch = len(PINS)
-    pins = PinnedPrefix(batch, CONTEXT, max(PINS), torch.device("cpu"))
+    pins = PinnedPrefix(batch, CONTEXT, max(PINS), torch.device("cpu"), kernel, static)
     pin_attention(attn, pins)
     attn.streaming_forever(batch)
     stock.streaming_forever(batch)
@@ -110,6 +110,17 @@ def test_pinned_attention_equals_the_window_reference_and_moshi_before_the_wrap(
     assert seen["compared"] > 400 and seen["wrapped"] > 300, seen
     assert seen["identical"] > 150 and seen["differing"] == 0, seen  # moshi's ring, bit for bit
     assert seen["worst"] < 1e-5 * max(1.0, seen["scale"]), seen
+
+
+@pytest.mark.parametrize("kernel", [None, KERNEL_EXPLICIT])
+def test_the_graph_safe_path_equals_the_window_reference(kernel):
+    """As run off CPU: the pinned part always over the full width, nothing skipped on a host
+    read; with the CPU kernel (then still moshi's ring bit for bit before the wrap) and with the
+    explicit one used on GPU (products and softmax spelled out: equal within rounding)."""
+    seen = _run(kernel, static=True)
+    assert seen["worst"] < 1e-5 * max(1.0, seen["scale"]), seen
+    if kernel is None:
+        assert seen["differing"] == 0, seen
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,10 @@ class LMRunner:
         self.emb_mask = torch.zeros(batch_size, dtype=torch.bool, device=device)
         self.emb_override = torch.zeros(batch_size, 1, dim, dtype=lm.dtype, device=device)
         self.sampler = SlotSampler(batch_size, device)
+        # Set to a [B, text_card] float32 tensor before the first step to receive every step's
+        # text logits (bench/long_sessions_eval.py scores forced answers with them); copied in
+        # place, so CUDA graphs capture the copy.
+        self.text_logits: torch.Tensor | None = None
         # An instance attribute shadows LMModel.forward_text; LMGen graphs whatever it finds.
         lm.forward_text = self._forward_text  # type: ignore[method-assign]
         self.lm_gen = LMGen(
@@ -104,6 +108,8 @@ class LMRunner:
         if lm.out_norm:
             transformer_out = lm.out_norm(transformer_out)
         text_logits = lm.text_linear(transformer_out)
+        if self.text_logits is not None:
+            self.text_logits.copy_(text_logits[:, 0])
         return transformer_out, text_logits[:, None]
 
     # -- stepping ----------------------------------------------------------------------------

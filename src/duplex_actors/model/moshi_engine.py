@@ -51,7 +51,6 @@ from .personaplex import (
     load_voice_prompt,
     prefill_positions,
 )
-from .pinned_context import attention_kernel
 from .sampling import install as install_sampler
 
 PrefillMode = Literal["snapshot", "burst"]
@@ -191,7 +190,8 @@ class MoshiEngine:
         if self.pin_max is not None:
             # Each epoch's pin is its prompt's positions (at most pin_max), which a replay
             # computes again from the logged prompt.
-            engine.update(pin="prompt", pin_max=self.pin_max, attention=attention_kernel(self.device))
+            assert self._runner.pins is not None
+            engine.update(pin="prompt", pin_max=self.pin_max, attention=self._runner.pins.kernel)
         self._description = EngineDescription(
             model_id=self.model_id,
             checkpoint_sha256=checkpoint.files.lm_sha256(),

@@ -54,26 +54,49 @@ def attention_kernel(device: torch.device) -> str:
 
 
 class PinnedPrefix:
-    """The pins of a batch (``pin[B]``, positions) and the static width of the pinned part.
+    """The pins of a batch (``pin[B]``, positions) and the width of the pinned part.
 
-    ``width`` bounds every pin: the explicit part of the attention reads that many columns
-    whatever the pins are, so the compute graph keeps its shape when a pin changes.
+    ``width`` bounds every pin. Off CPU (``static``) the explicit part of the attention reads
+    that many columns whatever the pins are, so the compute graph keeps its shape when a pin
+    changes (CUDA graphs); on CPU it reads only up to the largest pin, and is skipped while no
+    pinned row has wrapped (a host read, free there).
     """
 
-    def __init__(self, batch_size: int, context: int, width: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        context: int,
+        width: int,
+        device: torch.device,
+        kernel: str | None = None,
+        static: bool | None = None,
+    ) -> None:
         if not 0 <= width < context:
             raise ValueError(f"the pinned width must be in 0..{context - 1}, got {width}")
         self.context = context
         self.width = width
         self.pin = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self._host = [0] * batch_size  # the same pins, host-side
+        self.static = device.type != "cpu" if static is None else static
+        self.kernel = kernel or attention_kernel(device)
+        if self.kernel not in (KERNEL_CPU, KERNEL_EXPLICIT) or (
+            self.kernel == KERNEL_CPU and device.type != "cpu"
+        ):
+            raise ValueError(f"attention kernel {self.kernel!r} is not available on {device}")
 
     def set(self, row: int, positions: int) -> None:
         if not 0 <= positions <= self.width:
             raise ValueError(f"a pin must be in 0..{self.width}, got {positions}")
         self.pin[row] = positions
+        self._host[row] = positions
 
     def get(self, row: int) -> int:
-        return int(self.pin[row])
+        return self._host[row]
+
+    @property
+    def widest(self) -> int:
+        """The columns the pinned part of the attention reads."""
+        return self.width if self.static else max(self._host)
 
 
 def install(lm: LMModel, pins: PinnedPrefix) -> None:
@@ -188,18 +211,18 @@ def attend(
     written = columns.view(1, C) <= offset.view(B, 1)
     pinned_apart = wrapped.view(B, 1) & (columns.view(1, C) < pin.view(B, 1))
     ring_mask = written & ~pinned_apart  # [B, C]
-    out_ring, lse_ring = _masked_attention_lse(q_ring, keys, values, ring_mask)
-    width = pins.width
-    if width == 0:
-        return out_ring
+    out_ring, lse_ring = _masked_attention_lse(q_ring, keys, values, ring_mask, pins.kernel)
+    width = pins.widest
+    if width == 0 or (not pins.static and not bool(wrapped.any())):
+        return out_ring  # what the merge below gives when no row has a pinned column in use
     q_pin, _ = rope(q, q, pinned_query_position(offset, C), time_before_heads=False)
-    scale = 1.0 / math.sqrt(D)
-    scores = torch.matmul(q_pin.float(), keys[:, :, :width].float().transpose(-1, -2)) * scale
+    # Products in the cache's dtype (no float copy of the cache is made), softmax in float32.
+    scores = torch.matmul(q_pin, keys[:, :, :width].transpose(-1, -2)).float() / math.sqrt(D)
     pin_mask = pinned_apart[:, :width].view(B, 1, 1, width)
     scores = scores.masked_fill(~pin_mask, -math.inf)
     lse_pin = torch.logsumexp(scores, dim=-1)  # [B, H, 1]: -inf where no pinned column is used
     weights = torch.exp(scores - torch.where(torch.isfinite(lse_pin), lse_pin, 0.0).unsqueeze(-1))
-    out_pin = torch.matmul(weights, values[:, :, :width].float())
+    out_pin = torch.matmul(weights.to(values.dtype), values[:, :, :width]).float()
     top = torch.maximum(lse_ring, lse_pin)
     w_ring = torch.exp(lse_ring - top).unsqueeze(-1)
     w_pin = torch.exp(lse_pin - top).unsqueeze(-1)
@@ -208,21 +231,21 @@ def attend(
 
 
 def _masked_attention_lse(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q [B, H, 1, D]`` over the columns ``mask [B, C]`` allows, and the log of
     its softmax denominator ``[B, H, 1]`` (float32)."""
     B, _, C, D = keys.shape
     bias = torch.zeros(B, 1, 1, C, dtype=q.dtype, device=q.device)
     bias = bias.masked_fill(~mask.view(B, 1, 1, C), -math.inf)
-    if q.device.type == "cpu":
+    if kernel == KERNEL_CPU:
         # The kernel F.scaled_dot_product_attention runs for moshi on CPU (a boolean mask
         # becomes this additive one), which also returns the log-sum-exp.
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, keys, values, 0.0, False, attn_mask=bias
         )[:2]
         return out, lse.float()
-    scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) / math.sqrt(D) + bias.float()
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() / math.sqrt(D) + bias.float()
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.softmax(scores, dim=-1), values.float()).to(q.dtype)
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
     return out, lse
