@@ -227,7 +227,8 @@ class Evaluation:
             elif session.arm == "K":
                 self.runner.set_pin(session.slot, SINKS)
         self.prefill_s = time.perf_counter() - started
-        track = read_wav(Path(args.user_audio)) if args.user_audio else speechlike(600.0)
+        needed_s = args.minutes * args.frames_per_minute * FRAME / RATE + 1.0
+        track = read_wav(Path(args.user_audio)) if args.user_audio else speechlike(min(600.0, needed_s))
         self.track = track[: len(track) // FRAME * FRAME].reshape(-1, FRAME)
         self.probe_audio: dict[tuple[str, str], np.ndarray] = {}
         if args.probe_audio:
@@ -271,7 +272,7 @@ class Evaluation:
                 frame += 1
             if probe < total:
                 self.probe(probe)
-        self.time_arms()
+        self.time_arms(self.args.timing_steps)
 
     # -- probes --------------------------------------------------------------------------------
     def probe(self, frame: int) -> None:
@@ -470,39 +471,45 @@ def _longest_run(tokens: list[int]) -> int:
     return best
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="nvidia/personaplex-7b-v1")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on CUDA)")
     parser.add_argument("--batch", type=int, default=64, help="slots: the sessions plus spares for forks")
-    parser.add_argument("--minutes", type=float, default=21.0)
-    parser.add_argument("--probes", default="1,3,5,10,15,20", help="probe times in minutes")
+    parser.add_argument("--minutes", type=float, default=None, help="the user track's length (default 21)")
+    parser.add_argument("--probes", default=None, help="probe times in minutes (default 1,3,5,10,15,20)")
     parser.add_argument("--arms", default="S,P,K")
     parser.add_argument("--voices", default="NATF2.pt,NATM1.pt")
     parser.add_argument("--decodings", default="greedy,seed")
     parser.add_argument("--user-audio", default=None, help="24 kHz mono WAV of filler talk (looped)")
     parser.add_argument("--probe-audio", default=None, help="folder of <persona>-<fact>.wav questions")
-    parser.add_argument(
-        "--context", type=int, default=None, help="cut the LM's context to this many positions"
-    )
-    parser.add_argument(
-        "--pin-max", type=int, default=None, help="the pin cap (default: a quarter of the context)"
-    )
+    parser.add_argument("--context", type=int, default=None, help="cut the LM's context to this many positions")
+    parser.add_argument("--pin-max", type=int, default=None, help="the pin cap (default: a quarter of the context)")
     parser.add_argument("--frames-per-minute", type=int, default=FRAMES_PER_MINUTE)
+    parser.add_argument("--timing-steps", type=int, default=20, help="steps per arm of the closing timing")
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="write long_sessions_eval.json here")
     parser.add_argument(
         "--dry-run-cpu",
         action="store_true",
-        help="the tiny model on CPU, context 96, two short personas, one voice, greedy; a 'minute' of 24 frames",
+        help="the tiny model on CPU, context 96, two short personas, one voice, greedy; a 'minute' "
+        "of 24 frames, 9 of them, probes at 1, 5 and 8",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.dry_run_cpu:
         # The tiny model's default prompt takes 81 positions: the pin cap must admit it.
         args.model, args.device, args.dtype, args.context, args.pin_max = "tiny", "cpu", "float32", 96, 85
         args.voices, args.decodings, args.batch, args.frames_per_minute = "NATF2.pt", "greedy", 10, 24
-        args.minutes, args.probes = min(args.minutes, 9.0), "1,5,8"
+        args.minutes = 9.0 if args.minutes is None else args.minutes
+        args.probes = args.probes or "1,5,8"
+    args.minutes = 21.0 if args.minutes is None else args.minutes
+    args.probes = args.probes or "1,3,5,10,15,20"
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
     started = time.perf_counter()
     evaluation = Evaluation(args)
     evaluation.run()
@@ -512,6 +519,7 @@ def main() -> None:
         out = Path(args.out) / "long_sessions_eval.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
 
 
 if __name__ == "__main__":
