@@ -484,8 +484,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decodings", default="greedy,seed")
     parser.add_argument("--user-audio", default=None, help="24 kHz mono WAV of filler talk (looped)")
     parser.add_argument("--probe-audio", default=None, help="folder of <persona>-<fact>.wav questions")
-    parser.add_argument("--context", type=int, default=None, help="cut the LM's context to this many positions")
-    parser.add_argument("--pin-max", type=int, default=None, help="the pin cap (default: a quarter of the context)")
+    parser.add_argument(
+        "--context", type=int, default=None, help="cut the LM's context to this many positions"
+    )
+    parser.add_argument(
+        "--pin-max", type=int, default=None, help="the pin cap (default: a quarter of the context)"
+    )
     parser.add_argument("--frames-per-minute", type=int, default=FRAMES_PER_MINUTE)
     parser.add_argument("--timing-steps", type=int, default=20, help="steps per arm of the closing timing")
     parser.add_argument("--torch-threads", type=int, default=1)
