@@ -110,8 +110,8 @@ class MoshiEngine:
         lm = checkpoint.lm
         self.context_policy = context_policy
         self.context = int(lm.context or 0)
-        # The widest pin (the pinned prompt's cap, a static width of the attention's pinned
-        # part); None: moshi's ring. A pinned prompt costs the session that much recent memory.
+        # The cap of a pinned prompt (default a quarter of the context; a prompt of P positions
+        # leaves the session C - P of recent memory); None: moshi's ring, which ignores pin_max.
         self.pin_max: int | None = None
         if context_policy == "pin-prompt":
             if not self.context:
@@ -119,8 +119,6 @@ class MoshiEngine:
             self.pin_max = self.context // 4 if pin_max is None else pin_max
             if not 0 <= self.pin_max < self.context:
                 raise ValueError(f"pin_max must be in 0..{self.context - 1}, got {self.pin_max}")
-        elif pin_max is not None:
-            raise ValueError("pin_max applies to context_policy 'pin-prompt' only")
         self._twin: LMRunner | None = None
         if self.family.capabilities.prefill and prefill == "snapshot":
             # A second LMModel that shares every parameter and buffer (no extra weights), so

@@ -19,14 +19,14 @@ distance the model was not trained on. Before position C, w(p) = p and both rota
 a slot is exactly moshi's ring until it first wraps, so the pin may be set at any time before.
 
 The attention is computed in two parts merged by their log-sum-exp: the ring part by the same
-scaled-dot-product kernel moshi calls (with the pinned columns of wrapped rows masked out), the
-pinned part explicitly over the first ``width`` columns. A row with no pinned column in use
-(pin 0, or not yet wrapped) gets the ring part's output bit for bit, which is moshi's.
+scaled-dot-product kernel moshi calls on CPU (with the pinned columns of wrapped rows masked
+out), the pinned part explicitly over the first columns. A row with no pinned column in use (pin
+0, or not yet wrapped) gets the ring part's output bit for bit, which on CPU is moshi's.
 
 Installed per LM instance (:func:`install`), on the self-attention of every layer of
-``lm.transformer``; nothing is patched globally. Every tensor keeps its shape, pins are edited
-in place and no step reads the device from the host, so CUDA graphs capture it as they do
-moshi's ring.
+``lm.transformer``; nothing is patched globally. Off CPU every tensor keeps its shape, pins are
+edited in place and no step reads the device from the host, so CUDA graphs can capture it as
+they capture moshi's ring (not yet tried on a GPU).
 """
 
 from __future__ import annotations
