@@ -417,4 +417,5 @@ async def test_with_pinned_prompts_a_persona_over_the_pin_cap_is_refused_at_open
     assert all("at most 90, the cap of a pinned prompt" in e.message for e in errors)
     assert sum(isinstance(e, ev.AudioFrame) for e in events) == 2
     header = read_log(tmp_path / f"{session.session_id}.dlog").records[0][1]
+    assert isinstance(header, r.Header)
     assert header.engine["context_policy"] == "pin-prompt" and header.engine["pin_max"] == 90
