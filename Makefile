@@ -4,10 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: setup serve test test-slow lint bench
+.PHONY: setup test-deps serve test test-slow lint bench
 
 setup:
 	@scripts/setup-venv.sh
+
+# The system packages the tests drive (libopus, espeak-ng, sox, chromium, haproxy, node).
+test-deps:
+	@scripts/setup-test-deps.sh
 
 serve: setup
 	$(BIN)/duplex-actors serve $(ARGS)
@@ -17,11 +21,11 @@ lint: setup
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
-test: lint
+test: test-deps lint
 	$(BIN)/python -m pytest $(ARGS)
 
 # Opt-in: the slow checks too (GPU-only tests still need -m gpu on a CUDA machine).
-test-slow: setup
+test-slow: setup test-deps
 	$(BIN)/python -m pytest -m "slow or not slow and not gpu" $(ARGS)
 
 bench: setup

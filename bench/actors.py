@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from duplex_actors.model.memory import DTYPES
 from machine import machine_line
 
 FRAME_SAMPLES = 1920
@@ -158,13 +159,19 @@ async def bench_actors(
 
 
 def bench_batch(
-    model: str, slots: int, ticks: int, warmup: int, log_root: Path, rng: np.random.Generator
+    model: str,
+    slots: int,
+    ticks: int,
+    warmup: int,
+    log_root: Path,
+    rng: np.random.Generator,
+    dtype: str = "auto",
 ) -> dict[str, Any]:
     import trio
 
     from duplex_actors.model.factory import open_engine
 
-    engine = open_engine(model, slots=slots)
+    engine = open_engine(model, slots=slots, dtype=dtype)
     bare = bench_bare(engine, ticks, warmup, rng)
     log_dir = log_root / f"B{slots}"
     actors = trio.run(bench_actors, engine, ticks, warmup, log_dir, rng)
@@ -199,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ticks", type=int, default=60, help="timed ticks (and bare steps) per B")
     parser.add_argument("--warmup", type=int, default=5, help="untimed ticks (and bare steps) per B")
     parser.add_argument("--model", default="tiny", help="--model spec for open_engine (CPU)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="the model's dtype (as serve --dtype)"
+    )
     parser.add_argument("--log-dir", type=Path, help="where the session logs go (default: a temp dir)")
     args = parser.parse_args(argv)
     batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
@@ -214,7 +224,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{log_root} on {filesystem_of(log_root)}"
         )
         print()
-        rows = [bench_batch(args.model, b, args.ticks, args.warmup, log_root, rng) for b in batches]
+        rows = [
+            bench_batch(args.model, b, args.ticks, args.warmup, log_root, rng, args.dtype) for b in batches
+        ]
 
     print(
         "| B | bare step ms (median) | actor tick ms (median) | actor tick ms (p90) "

@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from duplex_actors.model.memory import DTYPES
 from machine import machine_line
 
 TICK_MS = 80.0
@@ -52,11 +53,13 @@ def time_steps(engine: Any, steps: int, warmup: int, rng: np.random.Generator) -
     return times
 
 
-def bench_batch(model: str, slots: int, steps: int, warmup: int, rng: np.random.Generator) -> dict[str, Any]:
+def bench_batch(
+    model: str, slots: int, steps: int, warmup: int, rng: np.random.Generator, dtype: str = "auto"
+) -> dict[str, Any]:
     from duplex_actors.model.engine import SessionPrompt
     from duplex_actors.model.factory import open_engine
 
-    engine = open_engine(model, slots=slots)
+    engine = open_engine(model, slots=slots, dtype=dtype)
     prompt = SessionPrompt(voice=VOICE, persona=PERSONA)
     for slot in range(slots):
         engine.reset(slot, prompt)
@@ -81,12 +84,14 @@ def bench_batch(model: str, slots: int, steps: int, warmup: int, rng: np.random.
     }
 
 
-def bench_reset(model: str, prefill: str, repeats: int, rng: np.random.Generator) -> dict[str, Any]:
+def bench_reset(
+    model: str, prefill: str, repeats: int, rng: np.random.Generator, dtype: str = "auto"
+) -> dict[str, Any]:
     """Reset -> first ready output at B=1, for a new persona (miss) and a repeated one (hit)."""
     from duplex_actors.model.engine import SessionPrompt
     from duplex_actors.model.factory import open_engine
 
-    engine = open_engine(model, slots=1, prefill=prefill)  # type: ignore[arg-type]
+    engine = open_engine(model, slots=1, prefill=prefill, dtype=dtype)  # type: ignore[arg-type]
     # Warm the engine (voice load, first prefill) so that "miss" is a new persona on a warm engine.
     engine.reset(0, SessionPrompt(voice=VOICE, persona=PERSONA + " (warm-up)"))
     time_steps(engine, 0, 3, rng)
@@ -135,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per batch size")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each reset measurement")
     parser.add_argument("--model", default="tiny", help="--model spec for open_engine (CPU)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="the model's dtype (as serve --dtype)"
+    )
     args = parser.parse_args(argv)
     batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     if 1 not in batches:
@@ -144,11 +152,11 @@ def main(argv: list[str] | None = None) -> None:
 
     print(machine_line())
     print(
-        f"model: {args.model}, frame 1920 samples (80 ms), {args.steps} timed steps "
+        f"model: {args.model} ({args.dtype}), frame 1920 samples (80 ms), {args.steps} timed steps "
         f"(fewer if a B's steps would exceed {STEP_BUDGET_MS / 1000:.0f} s), {args.warmup} warm-up"
     )
     print()
-    rows = [bench_batch(args.model, b, args.steps, args.warmup, rng) for b in batches]
+    rows = [bench_batch(args.model, b, args.steps, args.warmup, rng, args.dtype) for b in batches]
     print("| B | steps | median ms/step | p90 ms/step | ms/session | fits one 80 ms tick | B*80/median |")
     print("|---:|---:|---:|---:|---:|:---:|---:|")
     for r in rows:
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---:|---:|---:|---:|")
     notes = []
     for mode in ("snapshot", "burst"):
-        res = bench_reset(args.model, mode, args.repeats, rng)
+        res = bench_reset(args.model, mode, args.repeats, rng, args.dtype)
         for kind, label in (("miss", "miss (new persona)"), ("hit", "hit (same persona)")):
             if mode == "burst":
                 label = "none (new persona)" if kind == "miss" else "none (same persona)"

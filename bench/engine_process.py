@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from duplex_actors.model.memory import DTYPES
 from engine import PERSONA, VOICE, frames_for
 from machine import machine_line
 
@@ -44,6 +45,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per engine and B")
     parser.add_argument("--blocks", type=int, default=6, help="interleaved blocks the steps are split into")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="the model's dtype (as serve --dtype)"
+    )
     args = parser.parse_args()
 
     from duplex_actors.model.engine import SessionPrompt
@@ -57,9 +61,9 @@ def main() -> None:
         "    B | in-thread ms | process ms | overhead ms | pickle in+out ms | empty round trip ms | proxy start s"
     )
     for slots in [int(b) for b in args.batches.split(",")]:
-        local = open_engine(args.model, slots=slots)
+        local = open_engine(args.model, slots=slots, dtype=args.dtype)
         started = time.perf_counter()
-        proxy = EngineProcess(args.model, slots=slots)
+        proxy = EngineProcess(args.model, slots=slots, dtype=args.dtype)
         start_s = time.perf_counter() - started
         try:
             for engine in (local, proxy):

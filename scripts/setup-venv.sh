@@ -29,7 +29,8 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
 fi
 pip install --no-deps "moshi==0.2.13"
-pip install -e ".[dev]"
+# dev: the tools and test clients; frameworks: the voice-agent frameworks the e2e tests drive.
+pip install -e ".[dev,frameworks]"
 # The resolver must not have replaced torch: fail loudly if it did.
 "$VENV/bin/python" - <<'PY'
 import torch, moshi

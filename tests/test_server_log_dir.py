@@ -58,7 +58,7 @@ async def test_a_log_that_cannot_be_created_is_log_unavailable_until_the_dir_wor
         assert server.scheduler.table.in_use == 0  # the slot went back
         assert not server.writer.healthy and server.writer.failed_logs == 1
         with pytest.raises(LogUnavailable):
-            server.reserve()
+            await server.reserve()
         await trio.sleep(11)
         assert not server.writer.healthy and server.writer.statistics().dir_probe_failures == 2
         full[0] = False

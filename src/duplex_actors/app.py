@@ -12,9 +12,17 @@ Entries, all the same guarded ASGI app (:func:`create_app`):
 
 A bad ``DUPLEX_*`` value stops the process with one line naming the variable.
 
-At start-up it loads the model in a worker thread, starts the in-process duplex server
-(scheduler actor, log writer, log retention) and warms it up with one silent session through
-the real path before ``/ready`` turns 200.
+The app is a front end: the model, the slot table, admission and the batching live in the
+engine core, another process (``engine_core.py``). ``duplex-actors serve`` starts the core and
+its front ends and gives them its address (``engine_core``); under hypercorn the first worker
+starts a core for the log dir (:func:`ensure_engine_core`) and every worker links to it. At
+start-up the app links to the core, starts its duplex server over the link (session actors, log
+writer, log retention) and turns ``/ready`` 200; ``/metrics`` and ``/ready`` report the whole
+server (every front end's counters, the core's slots and steps).
+The engine core reports each step of its start-up as a phase (``model/startup.py``); every
+front end mirrors them (:attr:`ModelHolder.startup`): ``/ready`` shows the one under way,
+``/health`` says ``loading``. A phase that fails ends the server with one line naming it
+(:attr:`ModelHolder.on_fatal`); a hub that cannot be reached is retried inside the resolve phase.
 
 Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime projection;
 ``?duplex=1`` accepted, ``?model=`` checked, ``?autostart=0`` waits for the first message),
@@ -37,29 +45,39 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
-from .audio import FRAME_SAMPLES, SAMPLE_RATE
+from .audio import SAMPLE_RATE
 from .config import ConfigError, ServerConfig
-from .faults import Faults, FaultyEngine
-from .metrics import Counters, render
-from .model.engine import ModelEngine
+from .core.link import (
+    CoreEngine,
+    CoreLink,
+    CoreStartFailed,
+    CoreUnavailable,
+    connect_core,
+    engine_core_address,
+)
+from .faults import Faults
+from .metrics import Counters, FrontEndSnapshot, merge_snapshots, render
+from .model.errors import ModelError
+from .model.startup import FAILED, PhaseReport, StartupState
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
 from .scheduler.actor import SchedulerFailed
-from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation
+from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation, open_linked_server
 from .web import auth
-from .web.api_chat import ApiChatConnection, ApiChatDialect
+from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
 from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
 from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
@@ -71,32 +89,108 @@ from .web.hardening import (
     end_oversize_streams,
     guard_connections,
     open_connections,
+    peer_error,
     raise_descriptor_limit,
     refuse_permessage_deflate,
+    report_peer_error,
+    send_many_in_one_write,
+    unmask_with_numpy,
 )
 from .web.page import install_page_routes
 
 API_CHAT_PATH = "/api/chat"
 
 if TYPE_CHECKING:
-    from .model.process import EngineProcess
     from .scaleout.upload import LogUploader
 
 log = logging.getLogger("duplex_actors")
 
 # After every session has closed, how long connections get to flush their last frames.
 CONNECTION_GRACE_S = 0.5
+WARMUP_FRAMES = 3
+# The exit status of a server whose model cannot be served (no such model, a malformed file, not
+# enough memory for the dtype): the same as a bad setting's.
+FATAL_EXIT_CODE = 2
+# /api/chat's derived prepare timeout: this many times the default prompt's prefill at start-up.
+PREFILL_TIMEOUT_FACTOR = 4.0
 CLOSE_LINGER_S = TransportLimits().close_linger_s
 RETRY_AFTER_S = 1
+# How long a front end waits for the engine core it started (or found starting) to answer:
+# loading a 7B checkpoint and prefilling its default prompt takes minutes on a CPU.
+CORE_START_TIMEOUT_S = 3600.0
+# How long a front end of ``serve`` (whose core is up) may take to link before hypercorn serves.
+CORE_LINK_TIMEOUT_S = 30.0
+
+
+async def ensure_engine_core(config: ServerConfig) -> str:
+    """The address of the engine core for ``config``'s log dir, started if none answers there
+    (``python -m duplex_actors.engine_core``, in a session of its own, configured by the same
+    ``DUPLEX_*`` variables): the first of hypercorn's workers starts it, the others find it.
+    A lock file in the log dir makes the check and the start one step across workers."""
+    import fcntl
+    import subprocess
+
+    address = engine_core_address(config.log_dir)
+    log_dir = Path(config.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start_unless_running() -> None:
+        with open(log_dir / ".engine-core-start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(address)
+                return  # one answers (or is starting: it listens before it loads)
+            except OSError:
+                pass
+            finally:
+                probe.close()
+            settings = {
+                "DUPLEX_MODEL": config.model,
+                "DUPLEX_MODEL_REVISION": config.revision or "",
+                "DUPLEX_FAMILY": config.family or "",
+                "DUPLEX_MAX_SESSIONS": str(config.max_sessions),
+                "DUPLEX_DEVICE": config.device,
+                "DUPLEX_DTYPE": config.dtype,
+                "DUPLEX_MEMORY_LIMIT": "" if config.memory_limit is None else str(config.memory_limit),
+                "DUPLEX_TORCH_THREADS": str(config.torch_threads),
+                "DUPLEX_TICK_POLICY": config.tick_policy,
+                "DUPLEX_LOG_DIR": str(config.log_dir),
+            }
+            process = subprocess.Popen(
+                [sys.executable, "-m", "duplex_actors.engine_core"],
+                start_new_session=True,  # not ended by the signals hypercorn's group gets
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **settings},  # the core of this front end's settings
+            )
+            log.info("started the engine core (pid %d) for %s", process.pid, config.log_dir)
+            # It binds its socket before it loads the model: hold the lock until then.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and process.poll() is None:
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    probe.connect(address)
+                    return
+                except OSError:
+                    time.sleep(0.05)
+                finally:
+                    probe.close()
+            if process.poll() is not None:
+                raise CoreUnavailable(f"the engine core exited with code {process.returncode}")
+
+    await trio.to_thread.run_sync(start_unless_running)
+    return address
 
 
 class ModelHolder:
-    """The engine and the in-process server once started, the open connections, drain state."""
+    """The front end's link to the engine core and its duplex server once started, the open
+    connections, drain state."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.engine: ModelEngine | None = None
-        self.server: DuplexServer | None = None
+        self.engine: CoreEngine | None = None
+        self.server: DuplexServer[CoreLink] | None = None
+        self.link: CoreLink | None = None
         self.error: str | None = None
         self.loaded_at: float | None = None
         self.warmup_ms: float | None = None
@@ -107,38 +201,24 @@ class ModelHolder:
         self._connections_changed = trio.Event()
         self.counters = Counters()
         self.faults = Faults.from_env()
-        self.engine_process: EngineProcess | None = None  # --engine-process: closed at exit
-
-    def load(self) -> ModelEngine:
-        cfg = self.config
-        kwargs: dict[str, Any] = dict(
-            slots=cfg.max_sessions,
-            device=cfg.device,
-            family=cfg.family,
-            revision=cfg.revision,
-            torch_threads=cfg.torch_threads,
-            context_policy=cfg.context_policy,
-            pin_max=cfg.max_pinned_prompt,
-        )
-        engine: ModelEngine
-        if cfg.engine_process:
-            from .model.process import EngineProcess
-
-            engine = self.engine_process = EngineProcess(cfg.model, **kwargs)
-        else:
-            from .model.factory import open_engine
-
-            engine = open_engine(cfg.model, **kwargs)
-        if self.faults.active:
-            log.warning("DUPLEX_FAULTS is set: faults will be injected (%s)", self.faults)
-            self.faults.install_log_faults()
-            return FaultyEngine(engine, self.faults)
-        return engine
+        self.core_lost = trio.Event()  # the engine core's link closed (its sessions have ended)
+        self._started = trio.Event()  # serving, or failed to start
+        # The engine core's start-up phases (model/startup.py), as it reports them: /ready, /health.
+        self.startup = StartupState()
+        # Called with one line when the model cannot be served (a phase failed before /ready):
+        # the hypercorn entry ends the process with it (create_app()); None: /health reports it.
+        self.on_fatal: Callable[[str], None] | None = None
 
     async def start(self, nursery: trio.Nursery) -> None:
-        """At the app's start-up: serve the model in ``nursery``; the agent responder too."""
+        """At the app's start-up: serve in ``nursery``; the agent responder too. A front end
+        of ``serve`` (``engine_core`` is set) returns once linked and serving, or once the core
+        says it is still loading: hypercorn accepts no connection a ready core could have had
+        served, and answers ``/ready`` (with the phase) while the core loads."""
         nursery.start_soon(self._serve)
         cfg = self.config
+        if cfg.engine_core is not None:
+            with trio.move_on_after(CORE_LINK_TIMEOUT_S):
+                await self._started.wait()
         if cfg.agent_port is not None:
             await nursery.start(serve_agent, lambda: agent_status(self), cfg.agent_port, cfg.agent_host)
             log.info("HAProxy agent-check responder on %s:%d", cfg.agent_host, cfg.agent_port)
@@ -147,68 +227,111 @@ class ModelHolder:
         try:
             await self.run()
         except Exception as exc:  # reported by /health and /ready
-            log.exception("serving model %s failed", self.config.model)
-            self.error = f"{type(exc).__name__}: {exc}"
+            if self.loaded_at is not None:
+                log.exception("serving model %s failed", self.config.model)
+                self.error = f"{type(exc).__name__}: {exc}"
+            else:
+                self._failed_to_start(exc)
         finally:
             self.engine = self.server = None
-            await self.close_engine()
+            self._started.set()
 
-    async def close_engine(self) -> None:
-        """End the engine's child process (``--engine-process``) once the server is done."""
-        process, self.engine_process = self.engine_process, None
-        if process is not None:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(process.close)
+    def _core_phase(self, report: PhaseReport) -> None:
+        """A start-up phase of the engine core, while it loads: mirrored for /ready, and
+        hypercorn may serve from now on (its /ready says how far the core is)."""
+        self.startup.record(report)
+        self._started.set()
+
+    def _failed_to_start(self, exc: Exception) -> None:
+        """A phase failed before the server was ready: nothing will heal it (a checkpoint that
+        cannot be fetched now is retried inside the resolve phase and never gets here)."""
+        current = self.startup.current
+        phase = current.name if current is not None and current.state == FAILED else "server start-up"
+        if not isinstance(exc, ModelError | OSError | CoreStartFailed):
+            log.error("the %s phase failed", phase, exc_info=exc)  # a bug: its traceback helps
+        self.error = f"{phase}: {type(exc).__name__}: {exc}"
+        line = (
+            exc.line
+            if isinstance(exc, CoreStartFailed)
+            else f"cannot serve {self.config.model}: the {phase} phase failed: {exc}"
+        )
+        if self.on_fatal is not None:
+            self.on_fatal(" ".join(line.split()))
+        else:
+            log.error("%s", line)
 
     async def run(self) -> None:
-        """Load, serve the in-process server until cancelled; /ready is 200 in between."""
-        from .server import open_duplex_server
+        """Link to the engine core, serve until cancelled or the core is gone; /ready is 200
+        in between."""
+        from .model.voices import voice_alias_table
         from .session.core import SessionLimits
-        from .session.events import AudioFrame
 
         cfg = self.config
-        engine = await trio.to_thread.run_sync(self.load)
-        async with (
-            open_duplex_server(
-                engine,
+        # Checked before the model loads: a bad limit must not cost a 7B load first.
+        limits = SessionLimits(
+            max_buffered_samples=cfg.input_buffer_bytes // 4,
+            input_budget_samples=min(
+                max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
+            ),
+            max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
+        )
+        if self.faults.active:
+            self.faults.install_log_faults()
+        address = cfg.engine_core or await ensure_engine_core(cfg)
+        link = await connect_core(address, timeout_s=CORE_START_TIMEOUT_S, on_phase=self._core_phase)
+        if link.engine.description.model_id != cfg.model:
+            await link.aclose()
+            raise CoreUnavailable(
+                f"the engine core at this log dir serves {link.engine.description.model_id!r}, "
+                f"not {cfg.model!r}: another server uses {cfg.log_dir}"
+            )
+        link.on_gather = self.snapshot
+        self.warmup_ms = link.hello.warmup_ms
+        for report in link.hello.phases:
+            self.startup.record(report)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(link.run)
+            async with open_linked_server(
+                link,
                 log_dir=cfg.log_dir,
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
                 log_probe_interval_s=cfg.log_probe_interval_s,
-                limits=SessionLimits(
-                    max_buffered_samples=cfg.input_buffer_bytes // 4,
-                    input_budget_samples=min(
-                        max(1, round(cfg.input_budget_s * SAMPLE_RATE)), cfg.input_buffer_bytes // 4
-                    ),
-                    max_pad_samples=cfg.max_align_pad_ms * SAMPLE_RATE // 1000,
-                ),
+                limits=limits,
                 outbox_size=cfg.outbox_events,
-                tick_policy=cfg.tick_policy,
                 opus_workers=cfg.opus_workers,
-            ) as server,
-            trio.open_nursery() as nursery,
-        ):
-            server.counters = self.counters
-            if cfg.log_upload:
-                await nursery.start(self._upload_logs, server)
-            started = time.perf_counter()
-            warmup = await server.open_session({}, dialect="warmup")
-            for _ in range(3):
-                await warmup.append(np.zeros(FRAME_SAMPLES, dtype=np.float32))
-            frames = 0
-            async for event in warmup.events():
-                frames += isinstance(event, AudioFrame)
-                if frames == 3:
-                    break
-            await warmup.close()
-            self.warmup_ms = (time.perf_counter() - started) * 1000
-            self.engine, self.server = engine, server
-            self._apply_admission()
-            self.loaded_at = time.time()
-            await trio.sleep_forever()
+                voice_aliases=voice_alias_table(link.engine.family.voices, cfg.voice_aliases),
+            ) as server:
+                server.counters = self.counters
+                if cfg.log_upload:
+                    await nursery.start(self._upload_logs, server)
+                self.link, self.engine, self.server = link, link.engine, server
+                self._apply_admission()
+                self.loaded_at = time.time()
+                self._started.set()
+                await link.closed.wait()
+                self.error = str(link.failed)
+                log.error("%s: this front end takes no more sessions", self.error)
+                await server.wait_no_sessions()
+            nursery.cancel_scope.cancel()
+        self.core_lost.set()
+
+    def snapshot(self) -> FrontEndSnapshot:
+        """This front end's counters and gauges, for the whole server's /metrics."""
+        server = self.server
+        return FrontEndSnapshot(
+            counters=self.counters,
+            writer=server.writer.statistics() if server is not None else None,
+            sessions_active=len(server.sessions) if server is not None else 0,
+            dialects_active=dict(Counter(server.session_dialects.values())) if server is not None else {},
+            recovered_logs=len(server.recovered_logs) if server is not None else 0,
+            uploader=self.uploader.statistics() if self.uploader is not None else None,
+            opus=server.opus_pool.stats() if server is not None and server.opus_pool is not None else None,
+            tcp_connections=open_connections(),
+        )
 
     async def _upload_logs(
-        self, server: DuplexServer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, server: DuplexServer[Any], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         from .scaleout.s3 import parse_s3_url
         from .scaleout.upload import LogUploader
@@ -253,6 +376,21 @@ class ModelHolder:
         self.paused = False
         self._apply_admission()
         return True
+
+    def prepare_timeout(self) -> tuple[float, str]:
+        """How long an /api/chat handshake waits for its prompt's prefill, and where that
+        figure comes from (said in the error when it is hit)."""
+        setting = self.config.prepare_timeout_s
+        if setting is not None:
+            return setting, "--prepare-timeout / DUPLEX_PREPARE_TIMEOUT"
+        measured = self.startup.duration("prefill")
+        if measured is not None and PREFILL_TIMEOUT_FACTOR * measured > PREPARE_TIMEOUT_S:
+            return (
+                PREFILL_TIMEOUT_FACTOR * measured,
+                f"{PREFILL_TIMEOUT_FACTOR:g} times the default prompt's {measured:.1f} s prefill at "
+                "start-up; --prepare-timeout sets it",
+            )
+        return PREPARE_TIMEOUT_S, "the default; --prepare-timeout sets it"
 
     def add_connection(self, conn: Connection) -> None:
         self.connections.add(conn)
@@ -303,10 +441,16 @@ def _holder() -> ModelHolder:
 
 @routes.get("/health")
 async def health() -> Any:
+    """200 ``healthy``, 200 ``loading`` (alive, starting: ``/ready`` says how far), or 503
+    ``unhealthy`` (the model failed, or its scheduler)."""
     holder = _holder()
-    failed = holder.error or (holder.server is not None and holder.server.scheduler.failed is not None)
+    link = holder.link
+    failed = holder.error or (link.status.failed if link is not None else None)
     if failed:
-        return jsonify({"status": "unhealthy", "error": holder.error or "the model scheduler failed"}), 503
+        return jsonify({"status": "unhealthy", "error": failed}), 503
+    if holder.loaded_at is None:
+        current = holder.startup.current
+        return jsonify({"status": "loading", "phase": current.name if current is not None else None})
     return jsonify({"status": "healthy"})
 
 
@@ -314,12 +458,23 @@ async def health() -> Any:
 async def ready() -> Any:
     holder = _holder()
     model = holder.config.model
-    engine, server = holder.engine, holder.server
+    engine, server, link = holder.engine, holder.server, holder.link
     draining = holder.draining or holder.paused
-    if engine is None or server is None or draining or not server.writer.healthy:
+    core_failed = link.status.failed if link is not None else None
+    if (
+        engine is None
+        or server is None
+        or link is None
+        or draining
+        or core_failed
+        or not server.writer.healthy
+    ):
         body: dict[str, Any] = {"ready": False, "model": model, "draining": draining}
-        if holder.error:
-            body["error"] = holder.error
+        if holder.loaded_at is None:
+            body["loading"] = True
+            body.update(holder.startup.as_json())
+        if holder.error or core_failed:
+            body["error"] = holder.error or f"the model scheduler failed: {core_failed}"
         if server is not None and not server.writer.healthy:
             body["error"] = "a session log could not be written"
         return jsonify(body), 503
@@ -329,8 +484,9 @@ async def ready() -> Any:
             "model": model,
             "family": engine.family.name,
             "slots_total": engine.slots,
-            "slots_free": server.scheduler.table.free,
+            "slots_free": link.slots_free,
             "warmup_ms": round(holder.warmup_ms or 0, 1),
+            "phases_done_s": holder.startup.as_json()["phases_done_s"],
         }
     )
 
@@ -357,18 +513,13 @@ async def models() -> Any:
 @routes.get("/metrics")
 async def metrics() -> Any:
     holder = _holder()
-    server = holder.server
-    text = render(
-        counters=holder.counters,
-        scheduler=server.scheduler if server is not None else None,
-        writer=server.writer if server is not None else None,
-        sessions_active=len(server.sessions) if server is not None else 0,
-        dialects_active=Counter(server.session_dialects.values()) if server is not None else None,
-        recovered_logs=len(server.recovered_logs) if server is not None else 0,
-        uploader=holder.uploader,
-        opus=server.opus_pool.stats() if server is not None and server.opus_pool is not None else None,
-        tcp_connections=open_connections(),
-    )
+    link = holder.link
+    if link is None or link.failed is not None:
+        text = render(holder.snapshot())
+    else:
+        core = await link.metrics()
+        snapshots = list(core.snapshots) or [holder.snapshot()]
+        text = render(merge_snapshots(snapshots), core.statistics, core.step_failures)
     return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -410,6 +561,10 @@ class _QuartUpgrade:
     async def close(self, code: int, reason: str = "") -> None:
         await websocket.close(code, reason)
 
+    async def send_many(self, messages: list[str | bytes]) -> None:
+        for message in messages:
+            await websocket.send(message)
+
 
 class Upgrade(Protocol):
     """A WebSocket upgrade as the routes use it (:class:`AsgiWebSocket` or quart's)."""
@@ -422,6 +577,7 @@ class Upgrade(Protocol):
     async def accept(self, subprotocol: str | None = None) -> None: ...
     async def receive(self) -> WireMessage: ...
     async def send(self, data: str | bytes) -> None: ...
+    async def send_many(self, messages: list[str | bytes]) -> None: ...
     async def close(self, code: int, reason: str = "") -> None: ...
 
 
@@ -491,7 +647,7 @@ async def _websocket(holder: ModelHolder, ws: Upgrade, dialect_name: str) -> Htt
         if holder.paused:
             return _refuse_http(holder, "draining", "the server is draining: it takes no new sessions")
         try:
-            reservation = server.reserve()
+            reservation = await server.reserve()
         except (ResourceExhausted, LogUnavailable, SchedulerFailed) as exc:
             return _refuse_http(holder, exc.code, str(exc))
     try:
@@ -527,13 +683,13 @@ def _dialect(
 
 async def _run_connection(
     holder: ModelHolder,
-    server: DuplexServer,
+    server: DuplexServer[Any],
     dialect: Dialect,
     reservation: SlotReservation | None,
     ws: Upgrade,
 ) -> None:
     await ws.accept(auth.chosen_subprotocol(ws.subprotocols))
-    transport = Transport(ws.receive, ws.send, ws.close)
+    transport = Transport(ws.receive, ws.send, ws.close, ws.send_many)
     rate_limits = RateLimits(
         messages_per_s=holder.config.max_messages_per_s,
         message_burst=holder.config.message_burst,
@@ -541,11 +697,16 @@ async def _run_connection(
         byte_burst=holder.config.byte_burst,
         persist_s=holder.config.rate_limit_after_s,
     )
-    kind = ApiChatConnection if isinstance(dialect, ApiChatDialect) else Connection
+    extra: dict[str, Any] = {}
+    kind: type[Connection] = Connection
+    if isinstance(dialect, ApiChatDialect):
+        kind = ApiChatConnection
+        extra["prepare_timeout_s"], extra["prepare_timeout_source"] = holder.prepare_timeout()
     conn: Connection = kind(
         server,
         transport,
         dialect=dialect,
+        **extra,
         idle_timeout_s=holder.config.idle_timeout_s,
         counters=holder.counters,
         faults=holder.faults,
@@ -555,7 +716,12 @@ async def _run_connection(
     holder.add_connection(conn)
     try:
         await _open_and_run(conn, dialect, holder.config.model, server, holder.config, ws)
-    except Exception:
+    except Exception as exc:
+        error = peer_error(exc)
+        if error is not None:  # the socket is broken: nothing more can be said on it
+            if report_peer_error(ws.scope.get("path", "websocket"), error):
+                holder.counters.connection_errors[type(error).__name__] += 1
+            return
         log.exception("connection failed")
         holder.counters.connection_errors["handler"] += 1
         with trio.CancelScope(shield=True):
@@ -568,7 +734,12 @@ async def _run_connection(
 
 
 async def _open_and_run(
-    conn: Connection, dialect: Dialect, model: str, server: DuplexServer, config: ServerConfig, ws: Upgrade
+    conn: Connection,
+    dialect: Dialect,
+    model: str,
+    server: DuplexServer[Any],
+    config: ServerConfig,
+    ws: Upgrade,
 ) -> None:
     if isinstance(dialect, ApiChatDialect):
         try:
@@ -660,10 +831,20 @@ def create_app(config: ServerConfig | None = None) -> DuplexApp:
     """
     if config is None:
         try:
-            return _guarded(ServerConfig.from_env())
+            app = _guarded(ServerConfig.from_env())
         except ConfigError as exc:
             raise SystemExit(f"duplex-actors: {exc}") from None
+        app.holder.on_fatal = exit_process
+        return app
     return _guarded(config)
+
+
+def exit_process(line: str) -> None:
+    """The hypercorn entry's end when the model cannot be served: hypercorn has no way to be
+    told to exit non-zero, so the process ends here (nothing is being served yet; an engine
+    process sees its parent go and ends too)."""
+    print(f"duplex-actors: {line}", file=sys.stderr, flush=True)
+    os._exit(FATAL_EXIT_CODE)
 
 
 def _guarded(config: ServerConfig) -> DuplexApp:
@@ -671,6 +852,8 @@ def _guarded(config: ServerConfig) -> DuplexApp:
     holder: ModelHolder = quart_app.extensions["duplex_model"]
     refuse_permessage_deflate()
     end_oversize_streams()
+    unmask_with_numpy()
+    send_many_in_one_write()
     max_connections = config.max_connections
     if max_connections is None:
         max_connections = default_max_connections(raise_descriptor_limit(), config.max_sessions)

@@ -234,5 +234,10 @@ def encode_f32(samples: npt.NDArray[np.float32]) -> bytes:
 
 def float_to_pcm16(samples: npt.NDArray[np.floating]) -> bytes:
     """Clip to [-1, 1) and round to 16-bit little-endian PCM (computed in float32)."""
+    return float_to_pcm16_array(samples).tobytes()
+
+
+def float_to_pcm16_array(samples: npt.NDArray[np.floating]) -> npt.NDArray[np.int16]:
+    """:func:`float_to_pcm16` as an array of little-endian int16."""
     x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 32767 / 32768)
-    return (x * 32768.0).round().astype("<i2").tobytes()
+    return (x * 32768.0).round().astype("<i2")

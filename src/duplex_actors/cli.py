@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
 from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
-from .model.engine import CONTEXT_POLICIES
+from .model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY
+from .model.memory import DTYPES, parse_size
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -25,14 +25,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.static_ui and not (Path(args.static_ui) / "index.html").is_file():
         print(f"duplex-actors: --static-ui {args.static_ui}: no index.html there", file=sys.stderr)
         return 2
-    from .log.lock import LogDirLocked, lock_log_dir
-
-    try:
-        # Held (open) until the process exits: the kernel then releases it.
-        args.log_dir_lock = lock_log_dir(args.log_dir)
-    except LogDirLocked as exc:
-        print(f"duplex-actors: {exc}", file=sys.stderr)
-        return 2
     tick_policy = args.tick_policy or os.environ.get("DUPLEX_TICK_POLICY") or DEFAULT_TICK_POLICY
     if tick_policy not in TICK_POLICIES:
         print(
@@ -40,7 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    context_policy = args.context_policy or os.environ.get("DUPLEX_CONTEXT_POLICY") or CONTEXT_POLICIES[0]
+    context_policy = args.context_policy or os.environ.get("DUPLEX_CONTEXT_POLICY") or DEFAULT_CONTEXT_POLICY
     if context_policy not in CONTEXT_POLICIES:
         print(
             f"duplex-actors: DUPLEX_CONTEXT_POLICY={context_policy!r}: expected one of "
@@ -48,17 +40,15 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    import trio
-    from hypercorn.trio import serve
+    from .config import ServerConfig, _parse, parse_voice_aliases
+    from .supervisor import default_frontends, serve
 
-    # The engine thread needs the GIL back after every torch call; with the default 5 ms
-    # switch interval a busy event loop (a message storm) made each step wait for it hundreds
-    # of times (steps of ~2 s instead of 20 ms). 0.5 ms bounds that wait (issue 13 item 2).
-    sys.setswitchinterval(args.switch_interval_ms / 1000)
-
-    from .app import create_app
-    from .config import ServerConfig, _parse, parse_flag
-    from .web.hardening import HardenedConfig
+    frontends = (
+        args.frontends or _parse(os.environ, "DUPLEX_FRONTENDS", int, "an integer") or default_frontends()
+    )
+    if frontends < 1:
+        print(f"duplex-actors: --frontends {frontends}: expected at least 1", file=sys.stderr)
+        return 2
 
     config = ServerConfig(
         model=args.model,
@@ -66,8 +56,14 @@ def _serve(args: argparse.Namespace) -> int:
         family=args.family,
         max_sessions=args.max_sessions,
         device=args.device,
+        dtype=args.dtype,
+        memory_limit=(
+            args.memory_limit
+            if args.memory_limit is not None
+            else _parse(os.environ, "DUPLEX_MEMORY_LIMIT", parse_size, "a size such as 24G or 512M")
+        ),
+        prepare_timeout_s=args.prepare_timeout,
         torch_threads=args.torch_threads,
-        engine_process=args.engine_process or parse_flag(os.environ, "DUPLEX_ENGINE_PROCESS", False),
         log_dir=args.log_dir,
         log_max_age_s=args.log_max_age,
         log_max_bytes=args.log_max_bytes,
@@ -100,6 +96,10 @@ def _serve(args: argparse.Namespace) -> int:
             if args.opus_workers is not None
             else _parse(os.environ, "DUPLEX_OPUS_WORKERS", int, "an integer (processes)")
         ),
+        voice_aliases=parse_voice_aliases(
+            args.voice_alias or os.environ.get("DUPLEX_VOICE_ALIASES", "").split(","),
+            "--voice-alias" if args.voice_alias else "DUPLEX_VOICE_ALIASES",
+        ),
         max_align_pad_ms=next(
             v
             for v in (
@@ -116,65 +116,21 @@ def _serve(args: argparse.Namespace) -> int:
             else _parse(os.environ, "DUPLEX_MAX_PINNED_PROMPT", int, "an integer (positions)")
         ),
     )
-    hyper = HardenedConfig()
-    hyper.bind = [f"{args.host}:{args.port}"]
-    hyper.accesslog = None
-    hyper.websocket_max_message_size = args.max_message_bytes
-    hyper.keep_alive_timeout = args.keep_alive_timeout
-    # Our drain has already closed every session and finished its log; hypercorn's own grace
-    # only has to let handlers return (a send blocked on a stuck client never would).
-    hyper.graceful_timeout = 1.0
+    return serve(
+        config,
+        host=args.host,
+        port=args.port,
+        frontends=frontends,
+        drain_timeout_s=args.drain_timeout,
+        switch_interval_ms=args.switch_interval_ms,
+    )
 
-    async def main() -> None:
-        app = create_app(config)
-        holder = app.holder
-        stop = trio.Event()
 
-        async def on_signals() -> None:
-            # The receiver stays open while draining, so a second SIGTERM cannot kill us midway.
-            # SIGUSR1: stop taking new sessions, keep the live ones (HAProxy's agent sees "drain");
-            # SIGUSR2: take new sessions again.
-            with trio.open_signal_receiver(
-                signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2
-            ) as signals:
-                draining = False
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if signum == signal.SIGUSR1:
-                        holder.pause()
-                        print(f"duplex-actors: {name}: taking no new sessions", flush=True)
-                        continue
-                    if signum == signal.SIGUSR2:
-                        resumed = holder.resume()
-                        state = "taking new sessions again" if resumed else "draining, not resumed"
-                        print(f"duplex-actors: {name}: {state}", flush=True)
-                        continue
-                    if draining:
-                        print(f"duplex-actors: {name}: already draining", flush=True)
-                        continue
-                    draining = True
-                    print(f"duplex-actors: {name}: draining", flush=True)
-                    nursery.start_soon(drain)
-
-        async def drain() -> None:
-            await holder.drain(args.drain_timeout)
-            stop.set()
-            # Every session is closed and its log finished. A socket whose client stopped
-            # reading can keep hypercorn's shielded send (and so the exit) waiting until TCP
-            # gives up (TCP_USER_TIMEOUT, 15 s): do not let it hold the process past the grace.
-            await trio.sleep(hyper.graceful_timeout + 1.0)
-            print("duplex-actors: drained; a stuck connection remains, exiting anyway", flush=True)
-            sys.stdout.flush()
-            os._exit(0)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(on_signals)
-            print(f"duplex-actors: serving {config.model} on http://{args.host}:{args.port}", flush=True)
-            await serve(app, hyper, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    return 0
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
@@ -196,18 +152,39 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         default="tiny",
-        help="tiny, tiny-parrot, a checkpoint directory, or a Hugging Face repo id (default: tiny)",
+        help=(
+            "tiny, tiny-parrot, a checkpoint directory, or a Hugging Face repo id (default: tiny); "
+            "standin:STEP_MS is a benchmark tool, not a model: no weights, each step waits STEP_MS "
+            "with the GIL released and returns silence"
+        ),
     )
     serve.add_argument("--revision", default=None, help="Hugging Face revision")
     serve.add_argument("--family", choices=["personaplex", "moshi"], default=None)
     serve.add_argument("--max-sessions", type=int, default=8, help="engine slots (default 8)")
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    serve.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the model's dtype: auto (default: bfloat16 on CUDA, float32 on CPU), bfloat16, float16 "
+        "or float32; one that cannot fit in memory is refused at start-up, with the figures",
+    )
+    serve.add_argument(
+        "--memory-limit",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the model may use at most, e.g. 20G (default: what the device has free; "
+        "env DUPLEX_MEMORY_LIMIT); checked at start-up before anything is loaded",
+    )
     serve.add_argument("--torch-threads", type=int, default=1, help="torch threads on CPU (default 1)")
     serve.add_argument(
-        "--engine-process",
-        action="store_true",
-        help="run the model engine in a child process, so the event loop never takes its GIL "
-        "(docs/operations.md; costs a second process and its start-up; env DUPLEX_ENGINE_PROCESS=1)",
+        "--frontends",
+        type=int,
+        default=None,
+        metavar="K",
+        help="front-end processes (connections, dialects, sessions, logs) beside the engine core "
+        "(default min(4, cores - 1), at least 1; env DUPLEX_FRONTENDS)",
     )
     serve.add_argument("--log-dir", default="sessions", help="session logs (default ./sessions)")
     serve.add_argument(
@@ -333,6 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
         "env DUPLEX_MAX_PINNED_PROMPT",
     )
     serve.add_argument(
+        "--voice-alias",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.pt",
+        help="a voice name sessions may ask for, mapped to a bundled voice (repeatable; replaces "
+        "the default of the same name; defaults: OpenAI's voice names; env DUPLEX_VOICE_ALIASES, "
+        "comma-separated)",
+    )
+    serve.add_argument(
         "--client-sampling",
         action="store_true",
         help="/api/chat: let the query's text/audio temperature, topk and seed set the session's "
@@ -345,6 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Opus codec processes for /api/chat sessions, started on the first one "
         "(default: DUPLEX_OPUS_WORKERS, else half the CPUs, 1 to 4)",
+    )
+    serve.add_argument(
+        "--prepare-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="/api/chat: how long a handshake waits for its prompt's prefill (default: 30 s, or 4 "
+        "times the default prompt's prefill measured at start-up if longer)",
     )
     serve.add_argument(
         "--body-timeout",

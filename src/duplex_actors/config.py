@@ -9,6 +9,7 @@ from typing import TypeVar
 import attrs
 
 from .model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY
+from .model.memory import DTYPES, parse_size
 
 T = TypeVar("T")
 
@@ -47,6 +48,16 @@ def _parse(env: Mapping[str, str], name: str, kind: Callable[[str], T], what: st
         raise ConfigError(f"{name}={value!r}: expected {what}") from None
 
 
+def parse_voice_aliases(items: list[str], name: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=FILE.pt`` items (blank ones skipped) as pairs; :class:`ConfigError` naming ``name``."""
+    from .model.voices import VoiceAliasError, parse_voice_alias
+
+    try:
+        return tuple(parse_voice_alias(item) for item in items if item.strip())
+    except VoiceAliasError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 @attrs.frozen(slots=True)
 class ServerConfig:
     model: str = "tiny"
@@ -54,10 +65,13 @@ class ServerConfig:
     family: str | None = None
     max_sessions: int = 8
     device: str = "cpu"
+    # auto: bfloat16 on CUDA, float32 on CPU; refused at start-up if it cannot fit (model/memory.py)
+    dtype: str = "auto"
+    memory_limit: int | None = None  # bytes the model may use at most (None: what the device has)
     torch_threads: int = 1
-    # Run the engine in a child process (model/process.py, docs/operations.md): its GIL is not
-    # the event loop's. Off by default until measured on the serving machines.
-    engine_process: bool = False
+    # The engine core's address (a Unix socket; abstract when it starts with NUL): set by
+    # ``serve`` for its front ends. None: the core of this log dir, started if none answers.
+    engine_core: str | None = None
     log_dir: str = "sessions"
     log_max_age_s: float | None = None
     log_max_bytes: int | None = None
@@ -101,6 +115,12 @@ class ServerConfig:
     # positions (None: a quarter of the context).
     context_policy: str = DEFAULT_CONTEXT_POLICY
     max_pinned_prompt: int | None = None
+    # Voice names besides the bundled ones (model/voices.py): the operator's (name, voice) pairs,
+    # over the default table of OpenAI's voice names.
+    voice_aliases: tuple[tuple[str, str], ...] = ()
+    # /api/chat: how long the handshake waits for a prompt's prefill (None: 30 s, or 4 times the
+    # default prompt's prefill at start-up if longer)
+    prepare_timeout_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.admission_refusal not in ADMISSION_REFUSALS:
@@ -117,6 +137,8 @@ class ServerConfig:
             )
         if self.max_pinned_prompt is not None and self.max_pinned_prompt < 0:
             raise ConfigError(f"max pinned prompt: {self.max_pinned_prompt}: expected at least 0 positions")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -154,14 +176,20 @@ class ServerConfig:
             raise ConfigError(
                 f"DUPLEX_CONTEXT_POLICY={context_policy!r}: expected one of {', '.join(CONTEXT_POLICIES)}"
             )
+        dtype = env.get("DUPLEX_DTYPE") or default.dtype
+        if dtype not in DTYPES:
+            raise ConfigError(f"DUPLEX_DTYPE={dtype!r}: expected one of {', '.join(DTYPES)}")
         return cls(
             model=env.get("DUPLEX_MODEL", default.model),
+            dtype=dtype,
+            memory_limit=_parse(env, "DUPLEX_MEMORY_LIMIT", parse_size, "a size such as 24G or 512M"),
+            prepare_timeout_s=_parse(env, "DUPLEX_PREPARE_TIMEOUT", float, "a number of seconds"),
             revision=env.get("DUPLEX_MODEL_REVISION") or None,
             family=env.get("DUPLEX_FAMILY") or None,
             max_sessions=integer("DUPLEX_MAX_SESSIONS", default.max_sessions),
             device=env.get("DUPLEX_DEVICE", default.device),
             torch_threads=integer("DUPLEX_TORCH_THREADS", default.torch_threads),
-            engine_process=flag("DUPLEX_ENGINE_PROCESS", default.engine_process),
+            engine_core=env.get("DUPLEX_ENGINE_CORE") or None,
             log_dir=env.get("DUPLEX_LOG_DIR", default.log_dir),
             log_max_age_s=_parse(env, "DUPLEX_LOG_MAX_AGE", float, "a number of seconds"),
             log_max_bytes=_parse(env, "DUPLEX_LOG_MAX_BYTES", int, "an integer (bytes)"),
@@ -194,4 +222,7 @@ class ServerConfig:
             max_align_pad_ms=integer("DUPLEX_MAX_ALIGN_PAD_MS", default.max_align_pad_ms),
             context_policy=context_policy,
             max_pinned_prompt=_parse(env, "DUPLEX_MAX_PINNED_PROMPT", int, "an integer (positions)"),
+            voice_aliases=parse_voice_aliases(
+                env.get("DUPLEX_VOICE_ALIASES", "").split(","), "DUPLEX_VOICE_ALIASES"
+            ),
         )

@@ -1,23 +1,117 @@
 """Prometheus text exposition of the server's counters (served by ``GET /metrics``).
 
 Written by hand rather than with prometheus_client, whose ASGI app breaks under hypercorn's
-dispatcher (notes/serving-hardening.md §12). Counters live where they happen (scheduler, log
-writer, session actors, connections); this module only formats a snapshot.
+dispatcher. Counters live where they happen: the scheduler's in the engine core, the log
+writer's, the session actors' and the connections' in each front end. A front end's
+:class:`FrontEndSnapshot` holds its own; :func:`merge_snapshots` adds up those of every front
+end, so that ``/metrics`` on any of them reports the whole server.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from .audio import SAMPLE_RATE
 from .counters import Counters
 
 if TYPE_CHECKING:
-    from .scheduler.actor import Scheduler
+    from .scheduler.actor import SchedulerStatistics
 
-__all__ = ["Counters", "render"]
+__all__ = ["Counters", "FrontEndSnapshot", "merge_snapshots", "render"]
+
+
+@attrs.frozen(slots=True)
+class FrontEndSnapshot:
+    """What one front end counts: its sessions' and connections' counters, its log writer's,
+    uploader's and Opus pool's statistics, and its gauges."""
+
+    counters: Counters = attrs.field(factory=Counters)
+    writer: Any | None = None  # log.writer.LogWriterStatistics
+    sessions_active: int = 0
+    dialects_active: Mapping[str, int] = attrs.field(factory=dict)
+    recovered_logs: int = 0
+    uploader: Any | None = None  # scaleout.upload.UploadStatistics
+    opus: Any | None = None  # opus.pool.OpusPoolStats
+    tcp_connections: int | None = None
+
+
+def merge_snapshots(snapshots: Sequence[FrontEndSnapshot]) -> FrontEndSnapshot:
+    """The whole server's: counters and gauges added up; a log dir is available when every
+    front end finds it so."""
+    if len(snapshots) == 1:
+        return snapshots[0]
+    counters = Counters()
+    for snap in snapshots:
+        for name, value in vars(snap.counters).items():
+            setattr(counters, name, getattr(counters, name) + value)
+    writers = [s.writer for s in snapshots if s.writer is not None]
+    uploads = [s.uploader for s in snapshots if s.uploader is not None]
+    pools = [s.opus for s in snapshots if s.opus is not None]
+    dialects: Counter[str] = Counter()
+    for snap in snapshots:
+        dialects.update(snap.dialects_active)
+    tcp = [s.tcp_connections for s in snapshots if s.tcp_connections is not None]
+    return FrontEndSnapshot(
+        counters=counters,
+        writer=_merge_writers(writers) if writers else None,
+        sessions_active=sum(s.sessions_active for s in snapshots),
+        dialects_active=dict(dialects),
+        recovered_logs=sum(s.recovered_logs for s in snapshots),
+        uploader=_merge_uploads(uploads) if uploads else None,
+        opus=_merge_pools(pools) if pools else None,
+        tcp_connections=sum(tcp) if tcp else None,
+    )
+
+
+def _merge_writers(stats: Sequence[Any]) -> Any:
+    first = stats[0]
+    summed = {
+        f.name: sum(getattr(s, f.name) for s in stats)
+        for f in attrs.fields(type(first))
+        if f.name not in ("fsync_durations_s", "dir_available", "max_queued")
+    }
+    return attrs.evolve(
+        first,
+        **summed,
+        fsync_durations_s=tuple(d for s in stats for d in s.fsync_durations_s),
+        dir_available=all(s.dir_available for s in stats),
+        max_queued=max(s.max_queued for s in stats),
+    )
+
+
+def _merge_uploads(stats: Sequence[Any]) -> Any:
+    abandoned: Counter[str] = Counter()
+    for s in stats:
+        abandoned.update(dict(s.abandoned))
+    summed = {
+        f.name: sum(getattr(s, f.name) for s in stats)
+        for f in attrs.fields(type(stats[0]))
+        if f.name != "abandoned"
+    }
+    return attrs.evolve(stats[0], **summed, abandoned=tuple(sorted(abandoned.items())))
+
+
+def _merge_pools(stats: Sequence[Any]) -> Any:
+    ops: Counter[str] = Counter()
+    seconds: Counter[str] = Counter()
+    for s in stats:
+        ops.update(dict(s.ops))
+        seconds.update(dict(s.codec_seconds))
+    workers = [w for s in stats for w in s.workers]
+    return attrs.evolve(
+        stats[0],
+        workers=tuple(attrs.evolve(w, index=i) for i, w in enumerate(workers)),
+        restarts=sum(s.restarts for s in stats),
+        queue_depth=sum(s.queue_depth for s in stats),
+        ops=tuple(sorted(ops.items())),
+        codec_seconds=tuple(sorted(seconds.items())),
+        streams_lost=sum(s.streams_lost for s in stats),
+    )
+
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -57,20 +151,23 @@ def _fmt(value: float) -> str:
 
 
 def render(
-    *,
-    counters: Counters,
-    scheduler: Scheduler | None,
-    writer: Any | None,
-    sessions_active: int,
-    recovered_logs: int = 0,
-    dialects_active: Mapping[str, int] | None = None,
-    uploader: Any | None = None,
-    opus: Any | None = None,
-    tcp_connections: int | None = None,
+    snapshot: FrontEndSnapshot,
+    statistics: SchedulerStatistics | None = None,
+    step_failures: int = 0,
 ) -> str:
+    """The text of ``/metrics``: the front ends' ``snapshot`` (merged) and the engine core's
+    scheduler ``statistics`` (None while there is no core)."""
+    counters = snapshot.counters
+    writer = snapshot.writer
+    sessions_active = snapshot.sessions_active
+    recovered_logs = snapshot.recovered_logs
+    dialects_active = snapshot.dialects_active
+    uploader = snapshot.uploader
+    opus = snapshot.opus
+    tcp_connections = snapshot.tcp_connections
     out = _Writer()
-    if scheduler is not None:
-        st = scheduler.statistics()
+    if statistics is not None:
+        st = statistics
         out.metric(
             "duplex_step_duration_seconds",
             "histogram",
@@ -143,7 +240,7 @@ def render(
             "duplex_step_failures_total",
             "counter",
             "Model steps that raised (their sessions ended with internal_error).",
-            [("", {}, scheduler.step_failures)],
+            [("", {}, step_failures)],
         )
         dropped = Counter(dict(st.dropped_frames)) + counters.dropped
     else:
@@ -238,7 +335,7 @@ def render(
             [("", {}, tcp_connections)],
         )
     if writer is not None:
-        ws = writer.statistics()
+        ws = writer
         samples = [("", {"quantile": q}, (ws.fsync_percentile(q * 100) or 0.0)) for q in (0.5, 0.9, 0.99)]
         # Quantiles, sum and count all over the same recent window (the writer keeps the last
         # 4096 durations), so sum/count is a true mean; the all-time count is its own counter.
@@ -290,7 +387,7 @@ def render(
             [("", {}, ws.dir_recoveries)],
         )
     if uploader is not None:
-        _render_uploads(out, uploader.statistics())
+        _render_uploads(out, uploader)
     if opus is not None:
         _render_opus(out, opus)
     return out.text()

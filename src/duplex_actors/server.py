@@ -25,7 +25,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,13 +41,18 @@ from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
+from .model.voices import AliasedVoices
 from .opus.pool import OpusPool, open_opus_pool
-from .scheduler.actor import ResourceExhausted, Scheduler, StepResult
+from .scheduler.actor import ResourceExhausted, Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .scheduler.policy import make_policy
 from .session import events as ev
 from .session.actor import SessionActor
-from .session.core import PromptPolicy, SessionCore, SessionLimits
+from .session.alignment import Grid
+
+if TYPE_CHECKING:
+    from .core.link import CoreLink
+from .session.core import PROMPT_ROLES, PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [
     "DuplexServer",
@@ -56,6 +61,7 @@ __all__ = [
     "SessionHandle",
     "SlotReservation",
     "open_duplex_server",
+    "open_linked_server",
 ]
 
 
@@ -164,23 +170,51 @@ class SessionHandle:
     async def update(self, config: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
         """Raises ValueError for a config that is not plain JSON (NaN, infinities, objects)."""
         json.dumps(config, allow_nan=False)
-        refusal = context_refusal(self.core, config, self.core.config)
-        if refusal is not None:
-            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
-            return
+        config, refusal = fitting_config(self.core, config, self.core.config)
         # Applied before returning: an update waits for its commit before the core takes it
         # (no session.updated ahead of its record), and the client's next append must be
         # parsed with the config it sets (its input format and rate).
-        await self._send(r.Update(dict(config), client_event_id), applied=True)
+        if config or refusal is None:
+            await self._send(r.Update(dict(config), client_event_id), applied=True)
+        if refusal is not None:
+            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
 
-    async def cancel(self, *, client_event_id: str | None = None) -> None:
-        await self._send(r.Cancel(client_event_id))
+    async def cancel(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
+        """End the active response; ``reset``: the model's context too (a new epoch)."""
+        await self._send(r.Cancel(client_event_id, reset))
 
     async def clear_input(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.ClearInput(client_event_id))
 
-    async def clear_output(self, *, client_event_id: str | None = None) -> None:
-        await self._send(r.ClearOutput(client_event_id))
+    async def clear_output(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
+        """Clear the output buffer: as :meth:`cancel` while a response is active."""
+        await self._send(r.ClearOutput(client_event_id, reset))
+
+    async def truncate(
+        self, item_id: str, content_index: int, audio_end_ms: int, *, client_event_id: str | None = None
+    ) -> None:
+        """The client played ``audio_end_ms`` of the item's audio: recorded and acknowledged."""
+        await self._send(r.Truncate(item_id, content_index, audio_end_ms, client_event_id))
+
+    async def retrieve_item(self, item_id: str, *, client_event_id: str | None = None) -> None:
+        """``conversation.item.retrieve``: the item as the session holds it, or an error."""
+        await self._send(r.RetrieveItem(item_id, client_event_id))
+
+    async def add_text_item(
+        self, role: str, text: str, *, item_id: str | None = None, client_event_id: str | None = None
+    ) -> None:
+        """A text message (``conversation.item.create``); a system or developer one before the
+        first frame joins the persona, so it is refused here if that would not fit the context."""
+        prompt = self.core.folded_prompt(text) if role in PROMPT_ROLES else None
+        if prompt is not None:
+            try:
+                self.core.policy.check_context(prompt)
+            except InvalidRuntimeConfig as exc:
+                await self.reject(
+                    "conversation.item.create", "invalid_duplex_runtime_config", str(exc), client_event_id
+                )
+                return
+        await self._send(r.TextItem(role, text, item_id, client_event_id), applied=True)
 
     async def heartbeat(self, *, client_event_id: str | None = None) -> None:
         await self._send(r.Heartbeat(client_event_id))
@@ -217,13 +251,52 @@ class SessionHandle:
         await self._actor.done.wait()
 
 
+class SlotScheduler(Protocol):
+    """What the server uses of a scheduler: the in-process :class:`Scheduler`, or a front end's
+    link to the engine core (``core/link.py``)."""
+
+    failed: BaseException | None
+
+    @property
+    def slots_total(self) -> int: ...
+    @property
+    def slots_free(self) -> int: ...
+    @property
+    def slots_releasing(self) -> int: ...
+
+    async def admit_slot(self) -> int:
+        """A free slot (``ResourceExhausted``, ``SchedulerFailed``); a slot granted is returned,
+        even to a caller cancelled meanwhile (it frees it with :meth:`free_unused`)."""
+        ...
+
+    def occupy(self, slot: int, occupant: Any) -> None: ...
+    def free_unused(self, slot: int) -> None: ...
+    def submit_nowait(
+        self, slot: int, frame_index: int, samples: npt.NDArray[np.float32], padded: bool = False
+    ) -> None: ...
+    def request_reset(self, slot: int, epoch: int, prompt: Any) -> None: ...
+    async def release(self, slot: int) -> None: ...
+    async def wait_reset(self, slot: int) -> None: ...
+    def grid(self) -> Grid | None: ...
+
+
+class ServedEngine(Protocol):
+    """What the server uses of the engine: slots, family, what log headers record."""
+
+    @property
+    def slots(self) -> int: ...
+    @property
+    def family(self) -> Any: ...
+    def describe(self) -> EngineDescription: ...
+
+
 class SlotReservation:
     """A slot held for a session that is not open yet (made by :meth:`DuplexServer.reserve`,
     e.g. while a WebSocket handshake is answered), so that two concurrent opens cannot both pass
     the capacity check. ``open_session(reservation=...)`` takes it; :meth:`release` (idempotent,
     also on ``with`` exit) frees a slot nobody took."""
 
-    def __init__(self, scheduler: Scheduler, slot: int) -> None:
+    def __init__(self, scheduler: SlotScheduler, slot: int) -> None:
         self.slot = slot
         self._scheduler = scheduler
         self.state = "held"  # held -> taken | released
@@ -238,7 +311,7 @@ class SlotReservation:
         if self.state != "held":
             return
         self.state = "released"
-        self._scheduler.table.free_slot(self._scheduler.table.slots[self.slot])
+        self._scheduler.free_unused(self.slot)
 
     def __enter__(self) -> SlotReservation:
         return self
@@ -247,11 +320,18 @@ class SlotReservation:
         self.release()
 
 
-class DuplexServer:
+SchedulerT = TypeVar("SchedulerT", bound=SlotScheduler)
+
+
+class DuplexServer(Generic[SchedulerT]):
+    """The sessions of one process over a scheduler: the in-process :class:`Scheduler`
+    (:func:`open_duplex_server`) or a front end's link to the engine core
+    (:func:`open_linked_server`)."""
+
     def __init__(
         self,
-        engine: ModelEngine,
-        scheduler: Scheduler,
+        engine: ServedEngine,
+        scheduler: SchedulerT,
         writer: LogWriter,
         nursery: trio.Nursery,
         *,
@@ -278,6 +358,7 @@ class DuplexServer:
         self.logs_pruned = 0
         self.recovered_logs: list[tuple[str, str]] = []  # (file, what was done) at start-up
         self.counters = Counters()
+        self.frame_cpu_s = 0.0  # measured by measure_frame_cpu (0: unknown, no burst floor)
         self.opening: set[str] = set()  # ids between log creation and registration
         # Called with (session_id, log path) once a session's log is closed (finished or failed).
         self.on_log_finished: list[Callable[[str, Path], None]] = []
@@ -285,6 +366,8 @@ class DuplexServer:
         self.opus_workers: int | None = None  # None: opus.pool.default_opus_workers()
         self.opus_pool: OpusPool | None = None
         self._opus_lock = trio.Lock()
+        # The voice aliases sessions resolve (model/voices.py), recorded in every log's header.
+        self.voice_aliases: dict[str, str] = {}
 
     async def get_opus_pool(self) -> OpusPool:
         """The Opus codec pool (``opus_workers`` processes), started on the first call; it runs
@@ -311,18 +394,34 @@ class DuplexServer:
             if started:
                 self.opus_pool = None
 
+    def burst_floor_ms(self) -> float:
+        """How long this process takes to read one append from each of its sessions: the pre-tick
+        burst of aligned clients, which their alignment margin leaves room for (capped by it)."""
+        return len(self.sessions) * self.frame_cpu_s * 1000
+
+    async def measure_frame_cpu(self, interval_s: float = 1.0) -> None:
+        """Keep :attr:`frame_cpu_s` (this process's CPU per input frame, smoothed) up to date."""
+        cpu, frames = time.process_time(), self.counters.frames_in
+        while True:
+            await trio.sleep(interval_s)
+            now_cpu, now_frames = time.process_time(), self.counters.frames_in
+            if now_frames > frames:
+                sample = (now_cpu - cpu) / (now_frames - frames)
+                self.frame_cpu_s = sample if not self.frame_cpu_s else 0.7 * self.frame_cpu_s + 0.3 * sample
+            cpu, frames = now_cpu, now_frames
+
     def _check_admitting(self) -> None:
         if not self.accepting:
             raise ResourceExhausted(self.not_accepting_reason)
         if not self.writer.healthy:
             raise LogUnavailable("a session log could not be written; not admitting sessions")
 
-    def reserve(self) -> SlotReservation:
+    async def reserve(self) -> SlotReservation:
         """Hold a free slot for a session about to open (``ResourceExhausted`` if none, or while
         not accepting; ``LogUnavailable``; ``SchedulerFailed``). Pass it to :meth:`open_session`,
         or release it."""
         self._check_admitting()
-        return SlotReservation(self.scheduler, self.scheduler.admit(_Pending()))
+        return SlotReservation(self.scheduler, await self.scheduler.admit_slot())
 
     async def open_session(
         self,
@@ -338,44 +437,43 @@ class DuplexServer:
         With ``reservation`` (from :meth:`reserve`) the session takes that slot; a reservation
         that does not become a session (refused while not accepting, a bad config) is released."""
         try:
+            # A cancelled caller gets no session; once one exists, the caller gets it (the
+            # opening has no checkpoint after this one) and closes it when it ends.
+            await trio.lowlevel.checkpoint_if_cancelled()
             self._check_admitting()
             json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
+            slot = reservation.take() if reservation is not None else await self.scheduler.admit_slot()
             session_id = self._session_ids()
             self.opening.add(session_id)
             try:
-                return await self._open(
-                    session_id, dict(config or {}), dialect, output, client_event_id, reservation
-                )
+                handle = self._open(session_id, dict(config or {}), dialect, output, client_event_id, slot)
             finally:
                 self.opening.discard(session_id)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return handle
         finally:
             if reservation is not None:
                 reservation.release()  # no-op once taken
 
-    async def _open(
+    def _open(
         self,
         session_id: str,
         config: dict[str, Any],
         dialect: str,
         output: Mapping[str, Any] | None,
         client_event_id: str | None,
-        reservation: SlotReservation | None = None,
+        slot: int,
     ) -> SessionHandle:
+        """Create the session in ``slot`` (admitted for it; freed again if this raises)."""
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
         # opening config is (spec: the session opens with the defaults, then an error).
-        refusal = context_refusal(core, config)
-        if refusal is not None:
-            config = {}
+        config, refusal = fitting_config(core, config)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
-        if reservation is not None:
-            slot = reservation.take()
-        else:
-            slot = self.scheduler.admit(_Pending())
         try:
             session_log = self.writer.create(session_id)
         except Exception as exc:
-            self.scheduler.table.free_slot(self.scheduler.table.slots[slot])
+            self.scheduler.free_unused(slot)
             if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
                 # A full or unwritable log dir: the writer stops admissions until a probe works.
                 raise LogUnavailable(f"the session log cannot be created: {exc}") from exc
@@ -387,11 +485,12 @@ class DuplexServer:
             session_log=session_log,
             outbox=send,
             counters=self.counters,
+            burst_floor_ms=self.burst_floor_ms,
         )
         self.counters.sessions_opened += 1
         self.counters.sessions_by_dialect[dialect] += 1
         self.session_dialects[session_id] = dialect
-        self.scheduler.table.slots[slot].occupant = actor
+        self.scheduler.occupy(slot, actor)
         self.sessions[session_id] = actor
         described = self.description
         header = r.Header(
@@ -406,6 +505,7 @@ class DuplexServer:
                     "max_buffered_samples": self.limits.max_buffered_samples,
                     "max_pad_samples": self.limits.max_pad_samples,
                 },
+                **({"voice_aliases": dict(self.voice_aliases)} if self.voice_aliases else {}),
             },
             sampling={
                 k: config[k]
@@ -417,11 +517,14 @@ class DuplexServer:
             package_version=__version__,
             created_at=time.time(),
         )
-        await actor.send(header)
-        await actor.send(r.Open(config, client_event_id))
+        # From the slot's occupancy to the actor's task there is no checkpoint: a caller
+        # cancelled here (its client gone right after the upgrade) would leave a registered
+        # session that nothing runs or closes, holding its slot.
+        actor.send_nowait(header)
+        actor.send_nowait(r.Open(config, client_event_id))
         if refusal is not None:
             opening = "session.create" if dialect == "native" else "session.update"
-            await actor.send(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
+            actor.send_nowait(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
         self._nursery.start_soon(self._run_session, actor)
         return SessionHandle(actor, receive)
 
@@ -480,21 +583,20 @@ def context_refusal(
     return None
 
 
-class _Pending:
-    """Holds a slot between admission (or a reservation) and the actor's creation. It submits
-    no frames and requests no reset, so the scheduler never calls it."""
-
-    def deliver_nowait(self, result: StepResult) -> None:
-        raise AssertionError("a step result for a session that is not open yet")
-
-    def reset_failed(self, exc: BaseException) -> None:
-        raise AssertionError("a reset for a session that is not open yet") from exc
-
-    def step_failed(self, exc: BaseException) -> None:
-        raise AssertionError("a step for a session that is not open yet") from exc
-
-    def drain_nowait(self, queued: object) -> int | None:
-        raise AssertionError("a drain for a session that is not open yet")
+def fitting_config(
+    core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """``changes`` less the fields whose prompt would not fit the model's context (the persona,
+    then the voice), and why they were taken out (None: nothing was)."""
+    kept = dict(changes)
+    refusal = context_refusal(core, kept, base)
+    if refusal is None:
+        return kept, None
+    for field in ("instructions", "voice"):
+        kept.pop(field, None)
+        if context_refusal(core, kept, base) is None:
+            break
+    return kept, refusal
 
 
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
@@ -522,7 +624,7 @@ def recover_logs(log_dir: Path) -> list[tuple[str, str]]:
 class _OpenSessions(AbstractSet[str]):
     """The ids of open sessions, read live: a session opened while a prune runs is kept too."""
 
-    def __init__(self, server: DuplexServer) -> None:
+    def __init__(self, server: DuplexServer[Any]) -> None:
         self._server = server
 
     def __contains__(self, name: object) -> bool:
@@ -536,7 +638,7 @@ class _OpenSessions(AbstractSet[str]):
 
 
 async def _retention(
-    server: DuplexServer,
+    server: DuplexServer[Any],
     io: Executor,
     log_dir: Path,
     max_age_s: float | None,
@@ -570,7 +672,8 @@ async def open_duplex_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
-) -> AsyncIterator[DuplexServer]:
+    voice_aliases: Mapping[str, str] | None = None,
+) -> AsyncIterator[DuplexServer[Scheduler]]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
     ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
@@ -579,8 +682,9 @@ async def open_duplex_server(
     default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
     ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
     ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
-    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``. While
-    the log dir cannot be written, it is probed every ``log_probe_interval_s``.
+    While the log dir cannot be written, it is probed every ``log_probe_interval_s``.
+    ``voice_aliases`` (``model.voices.voice_alias_table``): voice names sessions may ask for
+    besides the bundled ones, recorded in every log's header.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)
@@ -588,26 +692,120 @@ async def open_duplex_server(
     io = io_executor(clock)
     recovered = await io.run(partial(recover_logs, log_dir))
     description = await io.run(engine.describe)
+    async with trio.open_nursery() as scheduler_nursery:
+        tick = make_policy(tick_policy, max_batch_wait_ms=max_batch_wait_ms)
+        scheduler = Scheduler(engine, clock=clock, policy=tick)
+        await scheduler_nursery.start(scheduler.run)
+        async with _serve(
+            engine,
+            scheduler,
+            description,
+            log_dir=log_dir,
+            io=io,
+            inline_io=clock.virtual,
+            limits=limits,
+            outbox_size=outbox_size,
+            fsync=fsync,
+            policy=policy,
+            session_ids=session_ids,
+            log_max_age_s=log_max_age_s,
+            log_max_bytes=log_max_bytes,
+            retention_interval_s=retention_interval_s,
+            opus_workers=opus_workers,
+            log_probe_interval_s=log_probe_interval_s,
+            voice_aliases=voice_aliases,
+        ) as server:
+            server.recovered_logs = recovered
+            yield server
+        scheduler_nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_linked_server(
+    link: CoreLink,
+    *,
+    log_dir: str | Path = "sessions",
+    limits: SessionLimits | None = None,
+    outbox_size: int = 4096,
+    log_max_age_s: float | None = None,
+    log_max_bytes: int | None = None,
+    retention_interval_s: float = 60.0,
+    opus_workers: int | None = None,
+    log_probe_interval_s: float = 5.0,
+    voice_aliases: Mapping[str, str] | None = None,
+) -> AsyncIterator[DuplexServer[CoreLink]]:
+    """The sessions of one front end over its ``link`` to the engine core (which must be
+    running). The core recovered the logs a crash left before any front end started."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    async with _serve(
+        link.engine,
+        link,
+        link.engine.describe(),
+        log_dir=log_dir,
+        io=io_executor(REAL_TIME),
+        inline_io=False,
+        limits=limits,
+        outbox_size=outbox_size,
+        fsync=True,
+        policy=None,
+        session_ids=new_session_id,
+        log_max_age_s=log_max_age_s,
+        log_max_bytes=log_max_bytes,
+        retention_interval_s=retention_interval_s,
+        opus_workers=opus_workers,
+        log_probe_interval_s=log_probe_interval_s,
+        voice_aliases=voice_aliases,
+        # A front end's CPU is its sessions' own (the model runs in the core): per frame, it
+        # is what reading the pre-tick burst costs.
+        measure_frame_cpu=True,
+    ) as server:
+        yield server
+
+
+@asynccontextmanager
+async def _serve(
+    engine: ServedEngine,
+    scheduler: SchedulerT,
+    description: EngineDescription,
+    *,
+    log_dir: Path,
+    io: Executor,
+    inline_io: bool,
+    limits: SessionLimits | None,
+    outbox_size: int,
+    fsync: bool,
+    policy: PromptPolicy | None,
+    session_ids: Callable[[], str],
+    log_max_age_s: float | None,
+    log_max_bytes: int | None,
+    retention_interval_s: float,
+    opus_workers: int | None,
+    log_probe_interval_s: float,
+    voice_aliases: Mapping[str, str] | None,
+    measure_frame_cpu: bool = False,
+) -> AsyncIterator[DuplexServer[SchedulerT]]:
     async with open_log_writer(
-        log_dir, fsync=fsync, inline_io=clock.virtual, probe_interval_s=log_probe_interval_s
+        log_dir, fsync=fsync, inline_io=inline_io, probe_interval_s=log_probe_interval_s
     ) as writer:
         async with trio.open_nursery() as nursery:
-            tick = make_policy(tick_policy, max_batch_wait_ms=max_batch_wait_ms)
-            scheduler = Scheduler(engine, clock=clock, policy=tick)
-            await nursery.start(scheduler.run)
             server = DuplexServer(
                 engine,
                 scheduler,
                 writer,
                 nursery,
-                policy=policy or engine.family,
+                policy=AliasedVoices(policy or engine.family, dict(voice_aliases))
+                if voice_aliases
+                else policy or engine.family,
                 limits=limits or SessionLimits(),
                 outbox_size=outbox_size,
                 description=description,
                 session_ids=session_ids,
             )
-            server.recovered_logs = recovered
+            server.voice_aliases = dict(voice_aliases or {})
             server.opus_workers = opus_workers
+            if measure_frame_cpu:
+                nursery.start_soon(server.measure_frame_cpu)
             if log_max_age_s is not None or log_max_bytes is not None:
                 nursery.start_soon(
                     _retention, server, io, log_dir, log_max_age_s, log_max_bytes, retention_interval_s

@@ -18,6 +18,7 @@ import pytest
 from duplex_actors.log import records as r
 from duplex_actors.replay.replayer import replay_logic
 from tests.e2e.conftest import ServerProcess, http_get
+from tests.system_tools import require
 
 from .conftest import API_KEY, CHROMEDRIVER, CHROMIUM
 
@@ -347,12 +348,9 @@ def test_capture_worklet_applies_an_alignment_pad(tmp_path: Path, pad_at: int, p
     Hinted before block 20, 640 samples of the frame are filled: with 30 ms the frame is posted
     once 1200 are, with 79 ms (24 samples) at once, the 616 beyond starting the next frame;
     before block 33, 384 are filled."""
-    import shutil
     import subprocess
 
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("no node")
+    node = require("node")["node"]
     harness = tmp_path / "harness.cjs"
     harness.write_text(WORKLET_HARNESS)
     proc = subprocess.run(

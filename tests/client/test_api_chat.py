@@ -207,13 +207,11 @@ async def test_duplex_load_api_chat_report(tmp_path: Path) -> None:
 
 
 # -- the tools against the real server ------------------------------------------------------------
-def test_duplex_client_and_load_on_the_real_server(
-    server: Any, speech_wav: tuple[Path, bool], tmp_path: Path
-) -> None:
+def test_duplex_client_and_load_on_the_real_server(server: Any, speech_wav: Path, tmp_path: Path) -> None:
     """``duplex-client`` on /api/chat: every frame back, audible (the parrot echoes the codes);
     an unknown voice is exit 5 naming it; ``duplex-load`` on the same server: coverage 1.0."""
     bin_dir = Path(sys.executable).parent
-    wav, _ = speech_wav
+    wav = speech_wav
     url = f"{server.ws}/api/chat"
     out = tmp_path / "reply.wav"
     proc = subprocess.run(

@@ -95,7 +95,8 @@ def test_parses_every_projection(dialect: str) -> None:
 def test_refusals_and_closing_parse() -> None:
     rt = parse_server_event(refusal_error("resource_exhausted", "full"))
     assert isinstance(rt, Error) and rt.code == "resource_exhausted" and rt.error_type == "rate_limit_error"
-    closing = RealtimeProjection(SID, "tiny", {}).closing_event("server_shutdown")
+    closing = RealtimeProjection(SID, "tiny", {}, duplex=True).closing_event("server_shutdown")
+    assert closing is not None
     parsed = parse_server_event(closing)
     assert isinstance(parsed, SessionClosing) and parsed.reason == "server_shutdown"
 

@@ -32,13 +32,11 @@ def _expected_frames(wav: Path, tail_ms: float = 240.0) -> int:
     return -(-(at_24k + round(tail_ms * 24)) // FRAME_SAMPLES)  # ceil
 
 
-def test_duplex_client_speech_wav(
-    server: ServerProcess, speech_wav: tuple[Path, bool], tmp_path: Path
-) -> None:
+def test_duplex_client_speech_wav(server: ServerProcess, speech_wav: Path, tmp_path: Path) -> None:
     """A spoken sentence (or, where espeak-ng/sox cannot be installed, synthetic speech-like
     audio) at 16 kHz stereo in; the parrot's reply out: one 80 ms frame per input frame, and
     audible, since the parrot echoes the codes of what it hears."""
-    wav, _real_speech = speech_wav
+    wav = speech_wav
     out, text = tmp_path / "reply.wav", tmp_path / "reply.txt"
     proc = subprocess.run(
         [
@@ -73,10 +71,10 @@ def test_duplex_client_speech_wav(
 def test_duplex_client_fast_and_exit_codes(
     server: ServerProcess,
     locked_server: ServerProcess,
-    speech_wav: tuple[Path, bool],
+    speech_wav: Path,
     tmp_path: Path,
 ) -> None:
-    wav, _ = speech_wav
+    wav = speech_wav
     out = tmp_path / "fast.wav"
     url = f"{server.ws}/v1/realtime?duplex=1"
     fast = subprocess.run(
@@ -194,11 +192,11 @@ def _sent_frames(wav: Path, rate: int, tail_ms: float = 240.0) -> int:
 
 
 def test_duplex_client_phone_line_mulaw_in_and_out(
-    server: ServerProcess, speech_wav: tuple[Path, bool], tmp_path: Path
+    server: ServerProcess, speech_wav: Path, tmp_path: Path
 ) -> None:
     """G.711 mu-law at 8 kHz both ways: the reply WAV is the decoded 8 kHz audio, one 80 ms frame
     per frame sent but the last (the server's resampler delay holds back its tail)."""
-    wav, _ = speech_wav
+    wav = speech_wav
     out = tmp_path / "phone.wav"
     url = f"{server.ws}/v1/realtime?duplex=1"
     proc = subprocess.run(
@@ -228,10 +226,8 @@ def test_duplex_client_phone_line_mulaw_in_and_out(
     assert rms(reply[:, 0]) > 1e-3, "the parrot's reply is silent"
 
 
-def test_duplex_client_browser_rate_48k(
-    server: ServerProcess, speech_wav: tuple[Path, bool], tmp_path: Path
-) -> None:
-    wav, _ = speech_wav
+def test_duplex_client_browser_rate_48k(server: ServerProcess, speech_wav: Path, tmp_path: Path) -> None:
+    wav = speech_wav
     out = tmp_path / "browser.wav"
     url = f"{server.ws}/v1/realtime?duplex=1"
     proc = subprocess.run(

@@ -13,7 +13,7 @@ from duplex_actors.protocol.codec import encode_server_event
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection
 
-from ..replay.test_wire import CAPS, SID, synthetic, synthetic_aligned
+from ..replay.test_wire import CAPS, SID, synthetic, synthetic_aligned, synthetic_conversation
 
 # Per variant, the classes it never sends.
 # response.speak goes only to ?duplex=1 connections (tests/protocol/test_duplex_compat.py).
@@ -26,21 +26,17 @@ NOT_SENT: dict[str, set[type[Any]]] = {
 
 
 def _messages(dialect: str) -> list[dict[str, Any]]:
-    projection: Any = (
-        NativeProjection(SID, capabilities=CAPS, binary_output=dialect == "native-binary")
-        if dialect.startswith("native")
-        else RealtimeProjection(SID, "tiny", CAPS, beta=dialect == "beta")
-    )
-    out = [projection.closing_event("server_shutdown")]
-    for event in synthetic():
-        out += [m for m in projection.project(event) if isinstance(m, dict)]
-    again: Any = (
-        NativeProjection(SID, capabilities=CAPS, binary_output=dialect == "native-binary")
-        if dialect.startswith("native")
-        else RealtimeProjection(SID, "tiny", CAPS, beta=dialect == "beta")
-    )
-    for event in synthetic_aligned():
-        out += [m for m in again.project(event) if isinstance(m, dict)]
+    def projection(**options: Any) -> Any:
+        if dialect.startswith("native"):
+            return NativeProjection(SID, capabilities=CAPS, binary_output=dialect == "native-binary")
+        return RealtimeProjection(SID, "tiny", CAPS, beta=dialect == "beta", **options)
+
+    # The stock route sends no session.closing: the ?duplex=1 projection's (the same class).
+    out = [projection().closing_event("server_shutdown") or projection(duplex=True).closing_event("x")]
+    for stream in (synthetic(), synthetic_aligned(), synthetic_conversation()):
+        each = projection()
+        for event in stream:
+            out += [m for m in each.project(event) if isinstance(m, dict)]
     return out
 
 

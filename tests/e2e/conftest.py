@@ -54,6 +54,20 @@ class ServerProcess:
         status, body = http_get(self.base + path)
         return status, json.loads(body)
 
+    @property
+    def frontend_pid(self) -> int:
+        """The front-end process serving the connections (the one of ``--frontends 1``, the
+        default on this machine's 2 cores); the server's own process is the engine core."""
+        pids = [p for p in descendants(self.proc.pid) if b"duplex_actors.frontend" in _cmdline(p)]
+        if len(pids) != 1:
+            raise AssertionError(f"expected one front end, found {pids}")
+        return pids[0]
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process of the server: the engine core's, its front ends', their workers'."""
+        return [self.proc.pid, *descendants(self.proc.pid)]
+
     def wait(self, timeout: float = 30) -> int:
         """Wait for the process to exit by itself (e.g. after a signal already sent)."""
         out, _ = self.proc.communicate(timeout=timeout)
@@ -127,3 +141,29 @@ def fresh_server(tmp_path, parrot_dir):
     yield start
     for server in started:
         server.stop()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (every thread's children: trio spawns processes from
+    worker threads), depth first."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+        for child in children:
+            found.append(child)
+            found.extend(descendants(child))
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""

@@ -38,7 +38,7 @@ from duplex_actors.log.segment import read_log
 from duplex_actors.replay.replayer import replay_logic
 
 from ..opus.libopus import needs_libopus, ogg_stream, opus_packets
-from .conftest import ServerProcess, http_get, start_server
+from .conftest import ServerProcess, descendants, http_get, start_server
 
 SR = 24_000
 FRAME = 1920
@@ -372,11 +372,11 @@ async def test_busy_is_0x05_server_busy_then_1013_at_once(chat_server):
 
 
 def opus_workers(server: ServerProcess) -> list[int]:
-    # Every thread's children: trio spawns processes from a worker thread.
-    tasks = Path(f"/proc/{server.proc.pid}/task").iterdir()
-    children = [c for t in tasks for c in (t / "children").read_text().split()]
+    # The codec workers are the front end's children, the server's grandchildren.
     return [
-        int(c) for c in children if b"duplex_actors.opus.worker" in Path(f"/proc/{c}/cmdline").read_bytes()
+        pid
+        for pid in descendants(server.proc.pid)
+        if b"duplex_actors.opus.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
 
 

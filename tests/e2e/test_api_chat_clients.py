@@ -21,7 +21,6 @@ import asyncio
 import importlib
 import importlib.util
 import itertools
-import shutil
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from duplex_actors.client.audio import read_wav, resample, to_mono
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
 from duplex_actors.replay.replayer import replay_logic
+from tests.system_tools import require
 
 from .conftest import ServerProcess, start_server
 
@@ -167,11 +167,8 @@ def moshi_client() -> Iterator[types.ModuleType]:
 
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    """About 4 s of espeak-ng speech at 24 kHz mono float32 (installed with apt-get if missing)."""
-    if shutil.which("espeak-ng") is None:
-        subprocess.run(["apt-get", "install", "-y", "-qq", "espeak-ng"], capture_output=True, timeout=600)
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed and cannot be installed here")
+    """About 4 s of espeak-ng speech at 24 kHz mono float32."""
+    require("espeak-ng")
     wav = tmp_path_factory.mktemp("speech") / "speech.wav"
     subprocess.run(["espeak-ng", "-s", "170", "-w", str(wav), SENTENCE], check=True, timeout=60)
     samples, rate = read_wav(wav)

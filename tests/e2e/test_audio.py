@@ -123,9 +123,13 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("empty audio", {"type": "input_audio_buffer.append", "audio": ""}, "bad_event"),
     ("missing audio", {"type": "input_audio_buffer.append"}, "bad_event"),
     ("audio not a string", {"type": "input_audio_buffer.append", "audio": 5}, "bad_event"),
-    ("unknown event", {"type": "conversation.item.create", "item": {}}, "unknown_event"),
+    ("unknown event", {"type": "conversation.item.delete", "item_id": "x"}, "unknown_event"),
     ("commit", {"type": "input_audio_buffer.commit"}, "commit_unsupported"),
-    ("response.create", {"type": "response.create"}, "response_create_unsupported"),
+    (
+        "response.create",
+        {"type": "response.create"},
+        "conversation_already_has_active_response",
+    ),  # stock route
     (
         "session 12 kHz",
         {"type": "session.update", "session": {"input_audio_format": "pcm16", "sample_rate_hz": 12000}},

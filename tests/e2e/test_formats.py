@@ -8,7 +8,6 @@ import asyncio
 import base64
 import itertools
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,24 +19,11 @@ import trio
 from duplex_actors.audio import decode
 from duplex_actors.protocol.schemas import validate_server_event
 from duplex_actors.replay.replayer import replay_logic
+from tests.system_tools import require
 
 from .helpers import log_path, read_records, steps
 
 SENTENCE = "Hello, you have reached the front desk. How can I help you today?"
-
-
-def _have_speech_tools() -> bool:
-    """espeak-ng and sox, installed with apt-get when missing (as tests/browser does chromium)."""
-    if shutil.which("espeak-ng") and shutil.which("sox"):
-        return True
-    if shutil.which("apt-get") is None:
-        return False
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "espeak-ng", "sox"]):
-        try:
-            subprocess.run(cmd, check=False, capture_output=True, timeout=300)
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-    return bool(shutil.which("espeak-ng") and shutil.which("sox"))
 
 
 def _run(*cmd: str) -> None:
@@ -48,8 +34,7 @@ def _run(*cmd: str) -> None:
 def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """A phone-line WAV (8 kHz mono mu-law, made by sox from espeak-ng speech) as its raw mu-law
     bytes, and the same speech as 48 kHz pcm16."""
-    if not _have_speech_tools():
-        pytest.skip("espeak-ng and sox are not installed and cannot be installed here")
+    require("espeak-ng", "sox")
     out = tmp_path_factory.mktemp("phone")
     raw, phone, ulaw, hi = (out / n for n in ("espeak.wav", "phone.wav", "phone.ul", "browser.raw"))
     _run("espeak-ng", "-w", str(raw), SENTENCE)

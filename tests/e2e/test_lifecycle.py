@@ -12,7 +12,6 @@ replays identically with ``duplex-replay`` (logic and model level).
 from __future__ import annotations
 
 import itertools
-import shutil
 import subprocess
 import sys
 from contextlib import AsyncExitStack
@@ -37,11 +36,11 @@ from duplex_actors.client.audio import (
     pcm16_to_float,
     read_wav,
     rms,
-    speech_like,
     to_model_input,
 )
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
+from tests.system_tools import require
 
 from .conftest import start_server
 
@@ -49,21 +48,14 @@ FRAME = 1920
 
 
 def _speech(tmp: Path) -> np.ndarray:
-    """About 2.5 s of espeak-ng speech at 24 kHz (installed with apt-get if missing); synthetic
-    speech-like audio where neither can be had."""
-    if not (shutil.which("espeak-ng") and shutil.which("sox")) and shutil.which("apt-get"):
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "espeak-ng", "sox"], capture_output=True, timeout=300
-        )
-    if shutil.which("espeak-ng"):
-        wav = tmp / "speech.wav"
-        subprocess.run(
-            ["espeak-ng", "-w", str(wav), "Hello, how are you today?"], check=True, capture_output=True
-        )
-        samples, rate = read_wav(wav)
-        audio = to_model_input(samples, rate)
-    else:
-        audio = speech_like(2.5, rate=24_000, seed=5)
+    """About 2.5 s of espeak-ng speech at 24 kHz."""
+    require("espeak-ng")
+    wav = tmp / "speech.wav"
+    subprocess.run(
+        ["espeak-ng", "-w", str(wav), "Hello, how are you today?"], check=True, capture_output=True
+    )
+    samples, rate = read_wav(wav)
+    audio = to_model_input(samples, rate)
     return pad_to_frames(audio[: 24_000 * 3])
 
 

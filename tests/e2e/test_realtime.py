@@ -10,7 +10,9 @@ import re
 import pytest
 import trio
 
+from duplex_actors.log import records as r
 from duplex_actors.model.personaplex import SINE_TOKENS
+from duplex_actors.replay.replayer import replay_logic
 
 from .helpers import (
     FRAME_PCM16_BYTES,
@@ -21,6 +23,7 @@ from .helpers import (
     connect,
     error_code,
     feed,
+    log_path,
     pcm16,
     read_records,
     steps,
@@ -250,7 +253,8 @@ async def test_heartbeat_playback_ack_and_input_clear(parrot_server):
     [("response.cancel", "client_cancelled"), ("output_audio_buffer.clear", "output_audio_buffer_clear")],
 )
 async def test_cancel_and_clear_end_the_response_and_start_epoch_1(parrot_server, command, reason):
-    async with connect(f"{parrot_server.ws}/v1/realtime") as c:
+    # ?duplex=1: a cancel resets the model's context (the stock route's keeps it: below)
+    async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1") as c:
         await c.wait_for("session.updated")
         await feed(c, frames(4, seed=1), FRAME_PCM16_BYTES, pace=0)
         await c.wait_until(lambda: c.output_frames() >= 4, what="4 frames")
@@ -308,7 +312,7 @@ async def test_cancel_and_clear_end_the_response_and_start_epoch_1(parrot_server
 
 
 async def test_cancel_with_nothing_active_is_refused(parrot_server):
-    async with connect(f"{parrot_server.ws}/v1/realtime") as c:
+    async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1") as c:
         await c.wait_for("session.updated")
         await c.send({"type": "response.cancel", "event_id": "c-none"})
         err = await c.wait_for("error")
@@ -328,6 +332,42 @@ async def test_cancel_with_nothing_active_is_refused(parrot_server):
         await c.send({"type": "response.cancel", "event_id": "c2"})
         err = await c.wait_for("error", count=2)
         assert error_code(err) == "response_cancel_not_active" and client_event_id(err) == "c2"
+
+
+@pytest.mark.parametrize("command", ["response.cancel", "output_audio_buffer.clear"])
+async def test_on_the_stock_route_a_cancel_ends_the_response_and_keeps_the_context(parrot_server, command):
+    async with connect(f"{parrot_server.ws}/v1/realtime") as c:
+        await c.wait_for("session.updated")
+        await c.send({"type": "output_audio_buffer.clear", "event_id": "o0"})  # nothing to name yet
+        await c.send({"type": "response.cancel", "event_id": "c0"})
+        err = await c.wait_for("error")
+        assert err["error"]["message"] == "Cancellation failed: no active response found"
+        await feed(c, frames(4, seed=1), FRAME_PCM16_BYTES, pace=0)
+        await c.wait_until(lambda: c.output_frames() >= 4, what="4 frames")
+        await c.send({"type": command, "event_id": "x1"})
+        await c.wait_for("response.done")
+        await c.send({"type": "response.cancel", "event_id": "x2"})  # LiveKit sends two
+        await c.wait_for("error", count=2)
+        after = len(c.messages)
+        await feed(c, frames(3, seed=2), FRAME_PCM16_BYTES, pace=0)
+        await c.wait_until(lambda: c.output_frames() >= 7, what="7 frames")
+        created = c.of_type("response.created")
+        assert [r["response"]["id"].rsplit("_", 1)[1] for r in created] == ["0", "1"]
+        assert all(d["metadata"]["epoch"] == 0 for d in c.deltas())  # one epoch, no reset
+        assert [d["metadata"]["frame_index"] for d in c.deltas()] == list(range(7))  # none lost
+        assert all(d["response_id"] == created[1]["response"]["id"] for d in c.deltas(after))
+        done = c.of_type("response.done")[0]["response"]["status_details"]
+        assert done == {"type": "cancelled", "reason": "client_cancelled"}
+        cleared = c.of_type("output_audio_buffer.cleared")
+        assert [m["response_id"] for m in cleared] == (
+            [created[0]["response"]["id"]] if command == "output_audio_buffer.clear" else []
+        )
+        session_id = c.session_id
+    recs = await read_records(parrot_server, session_id)
+    st = steps(recs)
+    assert {s.epoch for s in st} == {0}
+    for prev, cur in itertools.pairwise(st):
+        assert cur.agent_codes == prev.user_codes  # the parrot never restarted
 
 
 # -- voice / persona -----------------------------------------------------------------------------
@@ -487,3 +527,42 @@ async def test_ga_names_by_default(parrot_server):
         types = set(c.types())
         assert {"response.output_audio.delta", "conversation.item.added"} <= types
         assert not {"response.audio.delta", "conversation.item.created"} & types
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [("", "conversation_already_has_active_response"), ("?duplex=1", "response_create_unsupported")],
+)
+async def test_text_items_truncate_retrieve_and_response_create(parrot_server, query, code):
+    async with connect(f"{parrot_server.ws}/v1/realtime{query}") as c:
+        await c.wait_for("session.updated")
+        item = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]}
+        await c.send({"type": "conversation.item.create", "event_id": "i1", "item": item})
+        added = await c.wait_for("conversation.item.added")
+        assert added["item"]["role"] == "system" and added["item"]["content"][0]["text"] == "Be brief."
+        await c.wait_for("conversation.item.done")
+        await c.send({"type": "response.create", "event_id": "r1"})
+        err = await c.wait_for("error")
+        assert error_code(err) == code and client_event_id(err) == "r1"
+        await c.append(frames(2))
+        await c.wait_until(lambda: c.output_frames() == 2)
+        item_id = c.of_type("response.output_item.added")[0]["item"]["id"]
+        await c.send(
+            {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 80}
+        )
+        truncated = await c.wait_for("conversation.item.truncated")
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 80)
+        await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        retrieved = await c.wait_for("conversation.item.retrieved")
+        assert retrieved["item"]["id"] == item_id and retrieved["item"]["status"] == "in_progress"
+        await c.send({"type": "conversation.item.retrieve", "item_id": "nope", "event_id": "q"})
+        await c.wait_error("item_retrieve_invalid_item_id")
+        session_id = c.session_id
+    recs = await read_records(parrot_server, session_id)
+    assert [type(x).__name__ for x in recs if isinstance(x, r.TextItem | r.Truncate | r.RetrieveItem)] == [
+        "TextItem",
+        "Truncate",
+        "RetrieveItem",
+        "RetrieveItem",
+    ]
+    assert replay_logic(log_path(parrot_server, session_id)).identical

@@ -27,6 +27,7 @@ from duplex_actors.model.engine import SamplingConfig, SessionPrompt, StepOutput
 from duplex_actors.model.errors import CheckpointError, InvalidRuntimeConfig, InvalidVoice
 from duplex_actors.model.factory import open_engine
 from duplex_actors.model.process import EngineProcess, EngineProcessDied, RemoteTraceback
+from duplex_actors.model.startup import DONE, FAILED, PhaseReport
 
 from .helpers import session_audio
 
@@ -52,7 +53,7 @@ def gated_engine(model: str, *, gate: str, entered: str, **kwargs: Any) -> Any:
             time.sleep(0.01)
         return prepare(prompt)
 
-    engine.prepare = gated  # type: ignore[method-assign]
+    engine.prepare = gated  # type: ignore[method-assign,assignment]
     return engine
 
 
@@ -246,7 +247,10 @@ def test_a_prepare_runs_beside_steps_and_a_dead_child_fails_every_call(tiny_dir,
 
 
 def test_close_ends_the_child(tiny_dir):
-    proxy = EngineProcess("tiny", slots=1)
+    phases: list[PhaseReport] = []
+    proxy = EngineProcess("tiny", slots=1, on_phase=phases.append)
+    # The child's start-up phases reached the parent as they went, each with its duration.
+    assert [p.name for p in phases if p.state == DONE] == ["import", "resolve", "load", "engine", "digest"]
     assert alive(proxy.pid) and proxy.alive
     proxy.close()
     assert not alive(proxy.pid) and proxy.exitcode == 0
@@ -257,9 +261,12 @@ def test_close_ends_the_child(tiny_dir):
 
 def test_a_failed_build_raises_its_error_and_leaves_no_child(tiny_dir):
     before = _engine_children()
+    phases: list[PhaseReport] = []
     with pytest.raises(CheckpointError, match="no-such-model"):
-        EngineProcess("no-such-model", slots=1)
+        EngineProcess("no-such-model", slots=1, on_phase=phases.append)
     assert _engine_children() - before == set()
+    failed = phases[-1]
+    assert (failed.name, failed.state) == ("resolve", FAILED) and "no-such-model" in failed.detail
 
 
 def _engine_children() -> set[int]:

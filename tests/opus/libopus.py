@@ -1,5 +1,6 @@
 """Opus packets of any frame size from the system libopus (ctypes), for framings sphn's writer
-never makes (the web UI's 20 ms packets, PersonaPlex's 80 ms ones). Tests skip without it."""
+never makes (the web UI's 20 ms packets, PersonaPlex's 80 ms ones). scripts/setup-test-deps.sh
+installs libopus0 before pytest starts; tests skip without it (a failure under CI=true)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from duplex_actors.opus.ogg import BOS, encode_page, opus_head, opus_tags, paginate
+from tests.system_tools import SETUP
 
 APPLICATION_VOIP = 2048
 APPLICATION_AUDIO = 2049
@@ -40,7 +42,9 @@ def _lib() -> ctypes.CDLL | None:
 
 
 LIB = _lib()
-needs_libopus = pytest.mark.skipif(LIB is None, reason="the system libopus is not installed")
+needs_libopus = pytest.mark.skipif(
+    LIB is None, reason=f"the system libopus is not installed: run {SETUP} (make test does)"
+)
 
 
 def opus_packets(pcm: np.ndarray, frame: int, application: int = APPLICATION_AUDIO) -> list[bytes]:

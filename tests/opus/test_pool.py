@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from duplex_actors.metrics import Counters, render
+from duplex_actors.metrics import FrontEndSnapshot, render
 from duplex_actors.opus.codec import FRAME_SAMPLES, OggOpusDecoder, OggOpusEncoder, OpusUndecodable
 from duplex_actors.opus.pool import CodecWorkerLost, default_opus_workers, open_opus_pool
 
@@ -69,7 +69,7 @@ async def test_streams_spread_over_workers_and_round_trip():
         assert [w.sessions for w in pool.stats().workers] == [1, 2]
         with pytest.raises(trio.ClosedResourceError):
             await streams[0].encode(x[:FRAME_SAMPLES])
-        text = render(counters=Counters(), scheduler=None, writer=None, sessions_active=0, opus=pool.stats())
+        text = render(FrontEndSnapshot(opus=pool.stats()))
         assert 'duplex_opus_worker_sessions{worker="1"} 2' in text
         assert "duplex_opus_worker_restarts_total 0" in text
         assert 'duplex_opus_codec_seconds_total{op="encode"}' in text
@@ -129,7 +129,7 @@ async def test_killed_worker_fails_only_its_streams_and_is_restarted():
         assert fresh.worker_index == 0 and fresh.worker_pid != victim
         pcm = await fresh.decode(await fresh.encode(x))
         assert pcm.size == FRAME_SAMPLES
-        text = render(counters=Counters(), scheduler=None, writer=None, sessions_active=0, opus=pool.stats())
+        text = render(FrontEndSnapshot(opus=pool.stats()))
         assert "duplex_opus_worker_restarts_total 1" in text
 
 

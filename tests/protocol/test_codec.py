@@ -48,6 +48,11 @@ def test_every_client_event_of_the_dialect_parses(dialect: str) -> None:
         "playback.ack": {"played_ms": 80},
         "session.event_ack": {"server_event_seq": 3},
         "session.create": {"session": {"voice": "NATF2.pt"}},
+        "conversation.item.truncate": {"item_id": "item_x_0", "content_index": 0, "audio_end_ms": 320},
+        "conversation.item.retrieve": {"item_id": "item_x_0"},
+        "conversation.item.create": {
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        },
     }
     classes = wire.REALTIME_CLIENT_EVENTS if dialect == "realtime" else wire.NATIVE_CLIENT_EVENTS
     for cls in classes:
@@ -142,11 +147,11 @@ def test_deep_nesting_is_invalid_json_not_a_crash() -> None:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_unknown_type_is_unknown_event_and_echoes_the_event_id(dialect: str) -> None:
-    err = refused(msg(type="conversation.item.create", event_id="evt_42"), dialect)
+    err = refused(msg(type="conversation.item.delete", event_id="evt_42"), dialect)
     assert (err.code, err.client_event_id, err.event_type, err.param) == (
         "unknown_event",
         "evt_42",
-        "conversation.item.create",
+        "conversation.item.delete",
         "type",
     )
 

@@ -99,11 +99,21 @@ def test_beta_clients_get_the_beta_names(capabilities: dict[str, Any]) -> None:
         validate_server_event(o, "realtime")
 
 
-def test_output_buffer_clear_puts_cleared_first_in_the_terminal_group(capabilities: dict[str, Any]) -> None:
-    out = project_all(one_response("output_audio_buffer_clear", audio_cleared=True), capabilities)
+@pytest.mark.parametrize(
+    ("duplex", "reason"), [(True, "output_audio_buffer_clear"), (False, "client_cancelled")]
+)
+def test_output_buffer_clear_puts_cleared_first_in_the_terminal_group(
+    capabilities: dict[str, Any], duplex: bool, reason: str
+) -> None:
+    out = project_all(
+        one_response("output_audio_buffer_clear", audio_cleared=True), capabilities, duplex=duplex
+    )
+    out = [
+        {k: v for k, v in o.items() if k != "server_event_seq"} for o in out if o["type"] != "response.speak"
+    ]
     assert types(out) == [*GA_ORDER[:9], "output_audio_buffer.cleared", *GA_ORDER[9:]]
     assert out[9]["response_id"] == RID
-    assert out[-2]["response"]["status_details"]["reason"] == "output_audio_buffer_clear"
+    assert out[-2]["response"]["status_details"]["reason"] == reason
 
 
 def test_audio_delta_carries_pcm_rate_and_metadata(capabilities: dict[str, Any]) -> None:
@@ -137,7 +147,13 @@ def test_output_chunk_frames_groups_frames_and_flushes_before_the_end(capabiliti
 
 
 def test_a_whole_session_from_the_core(capabilities: dict[str, Any]) -> None:
-    out = project_all(core_events(), capabilities)
+    out = project_all(core_events(), capabilities, duplex=True)
+    out = [
+        {k: v for k, v in o.items() if k != "server_event_seq"} for o in out if o["type"] != "response.speak"
+    ]
+    for o in out:
+        if "metadata" in o:
+            o["metadata"] = {k: o["metadata"][k] for k in ("epoch", "frame_index", "audio_duration_ms")}
     assert types(out)[:3] == ["session.created", "session.updated", "input_audio_buffer.speech_started"]
     created = out[0]["session"]
     assert created["id"] == SID and created["object"] == "realtime.session"
@@ -177,7 +193,7 @@ def test_every_event_validates_against_its_schema_and_stays_small(capabilities: 
     for beta in (False, True):
         projection = RealtimeProjection(SID, "m", capabilities, beta=beta)
         out = [o for e in core_events() for o in projection.project(e)]
-        out += [projection.closing_event("server_shutdown")]
+        out += [c for c in [projection.closing_event("server_shutdown")] if c is not None]
         out += [refusal_error("resource_exhausted", "all slots are busy")]
         for o in out:
             validate_server_event(o, "realtime")
@@ -195,9 +211,17 @@ def test_event_ids_are_unique_and_deterministic(capabilities: dict[str, Any]) ->
 
 
 def test_nothing_follows_session_closed(capabilities: dict[str, Any]) -> None:
-    projection = RealtimeProjection(SID, "m", capabilities)
+    projection = RealtimeProjection(SID, "m", capabilities, duplex=True)
     assert projection.project(ev.SessionClosed(SID, "timeout"))
     assert projection.project(ev.HeartbeatAck()) == []
+
+
+def test_the_stock_route_says_session_closed_only_to_its_session_close(capabilities: dict[str, Any]) -> None:
+    for reason, sent in (("timeout", []), ("server_shutdown", []), ("client_close", ["session.closed"])):
+        projection = RealtimeProjection(SID, "m", capabilities)
+        assert projection.closing_event(reason) is None
+        assert types(projection.project(ev.SessionClosed(SID, reason))) == sent
+        assert projection.project(ev.HeartbeatAck()) == []
 
 
 def test_error_events_have_the_spec_shape(capabilities: dict[str, Any]) -> None:

@@ -80,12 +80,15 @@ def test_client_events_validate_and_unknown_or_malformed_do_not(dialect: str) ->
         "input_audio_buffer.append": wire.InputAudioBufferAppend("AAAA", format="pcm16"),
         "playback.ack": wire.PlaybackAck({"played_ms": 1}),
         "session.event_ack": wire.SessionEventAck(1),
+        "conversation.item.truncate": wire.ConversationItemTruncate("item_x_0", 0, 320),
+        "conversation.item.create": wire.ConversationItemCreate({"type": "message", "role": "user"}),
+        "conversation.item.retrieve": wire.ConversationItemRetrieve("item_x_0"),
     }
     for cls in classes:
         event = defaults.get(cls.TYPE) or cls()
         validate_client_event(encode_client_event(event), dialect)  # type: ignore[arg-type]
     with pytest.raises(jsonschema.ValidationError):
-        validate_client_event({"type": "conversation.item.create"}, dialect)  # type: ignore[arg-type]
+        validate_client_event({"type": "conversation.item.delete"}, dialect)  # type: ignore[arg-type]
     with pytest.raises(jsonschema.ValidationError):
         validate_client_event({"type": "input_audio_buffer.append", "audio": 3}, dialect)  # type: ignore[arg-type]
 

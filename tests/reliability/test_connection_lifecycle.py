@@ -186,7 +186,7 @@ async def test_clients_streaming_at_sigterm_see_1012_every_time(tmp_path, parrot
             for run in range(DRAIN_RUNS):
                 nursery.start_soon(start, run)
         for server in servers:
-            clients = [await RawWS.connect(server.port, "/v1/realtime") for _ in range(3)]
+            clients = [await RawWS.connect(server.port, "/v1/realtime?duplex=1") for _ in range(3)]
             for ws in clients:
                 await ws.recv_event("session.updated")
             results: list[dict[str, Any]] = [{} for _ in clients]
@@ -258,10 +258,10 @@ async def test_a_pause_longer_than_the_idle_timeout_closes_only_the_silent_sessi
     server = start_server(tmp_path, "--max-sessions", "4", "--idle-timeout", "2")
     try:
         async with (
-            connect(server.ws + "/v1/realtime") as a,
-            connect(server.ws + "/v1/realtime") as b,
+            connect(server.ws + "/v1/realtime?duplex=1") as a,
+            connect(server.ws + "/v1/realtime?duplex=1") as b,
             connect(server.ws + "/v1/duplex") as c,
-            connect(server.ws + "/v1/realtime", graceful=False) as silent,
+            connect(server.ws + "/v1/realtime?duplex=1", graceful=False) as silent,
         ):
             streaming = [a, b, c]
             for client in [*streaming, silent]:
@@ -271,11 +271,14 @@ async def test_a_pause_longer_than_the_idle_timeout_closes_only_the_silent_sessi
                     nursery.start_soon(stream, client, 100)  # 8 s
                 await a.wait_until(lambda: received_frames(a) >= 5)
                 await trio.sleep(1.0)  # the silent session has been idle for >= 1 s
-                os.kill(server.proc.pid, signal.SIGSTOP)
+                paused = server.pids  # the engine core and its front end alike
+                for pid in paused:
+                    os.kill(pid, signal.SIGSTOP)
                 try:
                     await trio.sleep(3.0)
                 finally:
-                    os.kill(server.proc.pid, signal.SIGCONT)
+                    for pid in paused:
+                        os.kill(pid, signal.SIGCONT)
                 t_cont = time.monotonic()
                 before = [received_frames(x) for x in streaming]
                 for x, n in zip(streaming, before, strict=True):

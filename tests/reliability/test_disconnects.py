@@ -110,7 +110,7 @@ async def test_silent_peer_after_upgrade_is_closed_by_the_idle_timeout(edge_serv
     """Connected and upgraded (a session is open), then not one byte and never a close: the idle
     timeout (--idle-timeout 2) closes the session; the peer does not answer the close frame."""
     await wait_slots_free(edge_server)
-    ws = await RawWS.connect(edge_server.port, "/v1/realtime")
+    ws = await RawWS.connect(edge_server.port, "/v1/realtime?duplex=1")
     t_open = time.monotonic()
     created = await ws.recv_event("session.created")
     closed = await ws.recv_event("session.closed", timeout=IDLE_TIMEOUT_S + 5)

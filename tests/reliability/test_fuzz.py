@@ -260,7 +260,7 @@ def fuzz_messages(
             event["event_id"] = eid
         return json.dumps(event), "valid", eid  # a partial sample may be kept for the next chunk
     if kind == "unknown_type":
-        name = draw(st.sampled_from(["", "session.create.x", "conversation.item.create", "x" * 300])) or draw(
+        name = draw(st.sampled_from(["", "session.create.x", "conversation.item.delete", "x" * 300])) or draw(
             st.text(max_size=30)
         )
         return json.dumps({**base, "type": name}), "bad:unknown", eid

@@ -228,3 +228,37 @@ async def test_handler_exception_is_error_and_1011_never_1000(fault_server, trig
     recs = await finished_log(fault_server.log_dir, c.session_id)
     assert recs[-2] == r.Close("error")
     assert_replays(fault_server.log_dir, c.session_id)
+
+
+# -- a slow model and the bundled client ----------------------------------------------------------
+async def test_the_bundled_client_waits_for_a_slow_model_and_names_a_stall(fault_server, triggers, tmp_path):
+    """``duplex-client --timeout`` bounds the wait between frames, not the whole reply: with every
+    step stalled 200 ms, 7 frames take at least 1.4 s and a 1 s limit gets them all; a 0.05 s
+    limit ends the reply with that limit named."""
+    import io
+
+    from duplex_actors.audio import float_to_pcm16
+    from duplex_actors.client.audio import write_wav
+    from duplex_actors.client.cli import EXIT_INCOMPLETE, EXIT_OK, build_parser, run
+
+    await wait_slots_free(fault_server)
+    wav = tmp_path / "in.wav"
+    write_wav(str(wav), float_to_pcm16(tone_and_noise(0.32)), 24_000)  # 4 frames + 3 of tail
+    base = ["--url", f"{fault_server.ws}/v1/realtime?duplex=1", "--input", str(wav), "--fast", "--quiet"]
+    triggers["step_stall"].touch()
+    try:
+        err = io.StringIO()
+        started = time.monotonic()
+        code = await run(
+            build_parser().parse_args([*base, "--output", str(tmp_path / "a.wav"), "--timeout", "1"]), err
+        )
+        assert code == EXIT_OK, err.getvalue()
+        assert time.monotonic() - started > 1.4  # longer than the limit: it bounds the gaps only
+        err = io.StringIO()
+        code = await run(
+            build_parser().parse_args([*base, "--output", str(tmp_path / "b.wav"), "--timeout", "0.05"]), err
+        )
+        assert code == EXIT_INCOMPLETE, err.getvalue()
+        assert "no further frame came back within 0.05 s (--timeout)" in err.getvalue()
+    finally:
+        triggers["step_stall"].unlink()

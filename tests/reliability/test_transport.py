@@ -97,7 +97,7 @@ def deflate_raw(data: bytes) -> bytes:
 
 
 async def test_deflate_offer_is_ignored_and_a_compression_bomb_is_a_protocol_error(wire_server, record):
-    pid = wire_server.proc.pid
+    pid = wire_server.frontend_pid
     ws = await RawWS.connect(
         wire_server.port,
         "/v1/realtime",
@@ -149,7 +149,7 @@ async def test_deflate_offer_is_ignored_and_a_compression_bomb_is_a_protocol_err
 async def test_huge_messages_under_the_limit_keep_memory_bounded(wire_server, record):
     """Three text messages of 16 MiB - 1 KiB (a playback.ack with a huge payload: refused,
     bad_event) on one session: each is answered with one error, and memory returns."""
-    pid = wire_server.proc.pid
+    pid = wire_server.frontend_pid
     ws = await RawWS.connect(wire_server.port, "/v1/realtime")
     await ws.recv_event("session.updated")
     size = LIMIT - 1024
@@ -190,7 +190,7 @@ async def test_huge_messages_under_the_limit_keep_memory_bounded(wire_server, re
 # -- oversize messages ----------------------------------------------------------------------------
 @pytest.mark.parametrize("fragments", [1, 5], ids=["one-frame", "fragmented"])
 async def test_oversize_message_closes_1009_and_the_server_is_fine(wire_server, fragments, record):
-    pid = wire_server.proc.pid
+    pid = wire_server.frontend_pid
     ws = await RawWS.connect(wire_server.port, "/v1/realtime")
     created = await ws.recv_event("session.created")
     await ws.recv_event("session.updated")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ import attrs
 import pytest
 
 from duplex_actors.scaleout.haproxy import RuntimeAPI
+from tests.system_tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -99,25 +99,7 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05
 # -- HAProxy -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def haproxy_bin() -> str:
-    found = shutil.which("haproxy") or (shutil.which("haproxy", path="/usr/sbin:/sbin") or None)
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        pytest.skip("haproxy is not installed and there is no apt-get to install it")
-    if os.geteuid() != 0:
-        pytest.skip("haproxy is not installed and `apt-get install -y haproxy` needs root")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "haproxy"]):
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"`{' '.join(cmd)}` did not finish within 600 s")
-        if done.returncode != 0:
-            pytest.skip(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-400:]}")
-    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
-    if not found:
-        pytest.skip("`apt-get install -y haproxy` succeeded but no haproxy binary is on PATH")
-    return found
+    return require("haproxy")["haproxy"]
 
 
 @attrs.define
@@ -305,6 +287,7 @@ class Node:
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
+                start_new_session=True,  # its group: the engine core and its front ends
             )
 
     def ready(self) -> bool:

@@ -15,7 +15,7 @@ import trio.testing
 from duplex_actors.app import ModelHolder
 from duplex_actors.config import ServerConfig
 from duplex_actors.log.segment import read_log, read_records
-from duplex_actors.metrics import Counters, render
+from duplex_actors.metrics import FrontEndSnapshot, render
 from duplex_actors.model.checkpoint import checkpoint_from_dir
 from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine
@@ -31,14 +31,19 @@ from .conftest import S3Store
 
 # -- the agent -----------------------------------------------------------------------------------
 def fake_holder(*, error=None, server=True, failed=None, healthy=True, slots=4, in_use=0, releasing=0):
+    """A holder whose scheduler is an in-process Scheduler's slot table (the link's status
+    gives the same three figures)."""
     table = SlotTable(slots)
     for i in range(in_use):
         table.acquire(object())  # type: ignore[arg-type]
         table.slots[i].releasing = i < releasing
-    srv = types.SimpleNamespace(
-        scheduler=types.SimpleNamespace(failed=failed, table=table),
-        writer=types.SimpleNamespace(healthy=healthy),
+    scheduler = types.SimpleNamespace(
+        failed=failed,
+        slots_total=slots,
+        slots_free=table.free,
+        slots_releasing=sum(entry.releasing for entry in table.slots),
     )
+    srv = types.SimpleNamespace(scheduler=scheduler, writer=types.SimpleNamespace(healthy=healthy))
     return types.SimpleNamespace(error=error, server=srv if server else None, draining=False, paused=False)
 
 
@@ -97,10 +102,10 @@ def autojump_clock():
 
 async def test_a_reserved_slot_is_taken_by_open_session_or_released(parrot_engine, tmp_path, autojump_clock):
     async with open_duplex_server(parrot_engine, log_dir=tmp_path, virtual_time=True) as server:
-        first, second = server.reserve(), server.reserve()
+        first, second = await server.reserve(), await server.reserve()
         assert server.scheduler.table.free == 0
         with pytest.raises(ResourceExhausted):
-            server.reserve()
+            await server.reserve()
         with pytest.raises(ResourceExhausted):
             await server.open_session()  # the reserved slots are not up for grabs
         assert list(tmp_path.iterdir()) == []
@@ -109,21 +114,21 @@ async def test_a_reserved_slot_is_taken_by_open_session_or_released(parrot_engin
         second.release()
         second.release()  # idempotent
         assert server.scheduler.table.free == 1
-        with server.reserve() as third:  # released on exit when not taken
+        with await server.reserve() as third:  # released on exit when not taken
             assert server.scheduler.table.free == 0
         assert third.state == "released" and server.scheduler.table.free == 1
         # Not accepting (drain, SIGUSR1): a held reservation is refused too, and freed.
-        fourth = server.reserve()
+        fourth = await server.reserve()
         server.accepting = False
         server.not_accepting_reason = "draining"
         with pytest.raises(ResourceExhausted, match="draining"):
             await server.open_session(reservation=fourth)
         assert fourth.state == "released" and server.scheduler.table.free == 1
         with pytest.raises(ResourceExhausted, match="draining"):
-            server.reserve()
+            await server.reserve()
         server.accepting = True
         # A bad config frees the reservation and writes no log.
-        fifth = server.reserve()
+        fifth = await server.reserve()
         with pytest.raises(ValueError):
             await server.open_session({"x": float("nan")}, reservation=fifth)
         assert fifth.state == "released"
@@ -248,7 +253,7 @@ async def test_the_uploader_stores_each_log_once_confirms_then_deletes(s3: S3Sto
         location.key_for("sess_a.dlog"),
         location.key_for("sess_b.dlog"),
     ]
-    text = render(counters=Counters(), scheduler=None, writer=None, sessions_active=0, uploader=uploader)
+    text = render(FrontEndSnapshot(uploader=uploader.statistics()))
     assert 'duplex_log_uploads_total{result="uploaded"} 2' in text
     assert 'duplex_log_uploads_total{result="already_present"} 1' in text
     assert "duplex_log_upload_failures_total 2" in text and "duplex_log_uploads_pending 0" in text

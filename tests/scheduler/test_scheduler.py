@@ -368,3 +368,67 @@ async def test_prepare_runs_in_a_worker_thread_under_virtual_time_when_asked(aut
         assert [c[0] for c in engine.calls] == ["reset", "step"]
         assert threads["prepare"] != threading.get_ident() == threads["reset"]
         nursery.cancel_scope.cancel()
+
+
+def _fresh_view(scheduler: Scheduler) -> tuple:
+    """The policy's view of every slot, built from the table (what ``_view`` caches)."""
+    from duplex_actors.scheduler.policy import SlotView
+
+    views = []
+    for e in scheduler.table.slots:
+        head = list(e.frames)[:2]
+        views.append(
+            SlotView(
+                e.index,
+                active=e.active,
+                reset_pending=e.pending_reset is not None,
+                frames=tuple(f.submitted_at for f in head),
+                padded=tuple(f.padded for f in head),
+                queued=len(e.frames),
+            )
+        )
+    return tuple(views)
+
+
+async def test_the_view_rebuilt_for_changed_slots_only_is_the_whole_tables(autojump_clock, monkeypatch):
+    """Sessions joining, sending at random, resetting, leaving: at every wake-up the cached
+    view equals one built from the whole table."""
+    import random
+
+    checked = [0]
+    original = Scheduler._view
+
+    def checked_view(self: Scheduler):
+        view = original(self)
+        assert view.slots == _fresh_view(self)
+        checked[0] += 1
+        return view
+
+    monkeypatch.setattr(Scheduler, "_view", checked_view)
+    engine = RecordingEngine(slots=4)
+    scheduler = Scheduler(engine, clock=VIRTUAL_TIME)
+    rng = random.Random(7)
+    frame = np.zeros(FRAME_SAMPLES, np.float32)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        held: dict[int, int] = {}  # slot -> next frame index
+        for _ in range(300):
+            action = rng.random()
+            if action < 0.15 and scheduler.table.free:
+                slot = scheduler.admit(Sink())
+                held[slot] = 0
+                scheduler.request_reset(slot, 0, None)
+            elif action < 0.7 and held:
+                slot = rng.choice(list(held))
+                scheduler.submit_nowait(slot, held[slot], frame, padded=rng.random() < 0.2)
+                held[slot] += 1
+            elif action < 0.8 and held:
+                slot = rng.choice(list(held))
+                scheduler.request_reset(slot, rng.randrange(1, 9), None)
+            elif action < 0.9 and held:
+                slot = rng.choice(list(held))
+                del held[slot]
+                nursery.start_soon(scheduler.release, slot)
+            await trio.sleep(rng.choice([0, 0.01, 0.03, 0.08]))
+        nursery.cancel_scope.cancel()
+    assert checked[0] > 100

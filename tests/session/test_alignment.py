@@ -398,3 +398,16 @@ def test_a_hint_only_for_a_gain_worth_its_double(start_ms: float, hinted: bool) 
     aligner = Aligner(mode="client")
     run = drive(aligner, chunk=FRAME, start=start_ms / 1000, delays=steady(40))
     assert [type(d) for _, d in run.decisions] == ([ClientHint] if hinted else [])
+
+
+def test_the_burst_floor_raises_the_margin_frames_are_aligned_to_within_its_bound() -> None:
+    from duplex_actors.session.alignment import Aligner
+
+    aligner = Aligner(margin_max_ms=40.0)
+    measured = aligner.margin_ms
+    aligner.burst_floor_ms = measured + 10
+    assert aligner.margin_ms == measured + 10
+    aligner.burst_floor_ms = 500.0
+    assert aligner.margin_ms == 40.0
+    aligner.burst_floor_ms = 0.0
+    assert aligner.margin_ms == measured

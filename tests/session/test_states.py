@@ -40,6 +40,9 @@ def sample(kind: str) -> r.Record:
         "pad": r.Pad(480, "start"),
         "align_hint": r.AlignHint(20, "start"),
         "drain": r.Drain(0),
+        "truncate": r.Truncate("item_x", 0, 240, "t"),
+        "text_item": r.TextItem("user", "hello", None, "ti"),
+        "retrieve_item": r.RetrieveItem("item_0123456789abcdef01234567_0", "ri"),
     }
     return records[kind]
 
@@ -47,6 +50,7 @@ def sample(kind: str) -> r.Record:
 KINDS = [
     "header", "open", "update", "append", "clear_input", "clear_output", "cancel",
     "heartbeat", "playback_ack", "rejected", "step", "close", "end", "pad", "align_hint", "drain",
+    "truncate", "text_item", "retrieve_item",
 ]  # fmt: skip
 
 
@@ -79,6 +83,8 @@ TABLE: dict[State, dict[str, tuple[State, str | None]]] = {
         "cancel": (OPEN, "response_cancel_not_active"), "heartbeat": (OPEN, None), "playback_ack": (OPEN, None),
         "rejected": (OPEN, "commit_unsupported"), "step": (RESP, None), "close": (CLOSED, None),
         "pad": (OPEN, None), "align_hint": (OPEN, None), "drain": (OPEN, None),
+        "truncate": (OPEN, None), "text_item": (OPEN, None),
+        "retrieve_item": (OPEN, "item_retrieve_invalid_item_id"),
     },
     RESP: {
         "header": BUG, "open": BUG, "end": BUG,
@@ -86,6 +92,7 @@ TABLE: dict[State, dict[str, tuple[State, str | None]]] = {
         "cancel": (OPEN, None), "heartbeat": (RESP, None), "playback_ack": (RESP, None),
         "rejected": (RESP, "commit_unsupported"), "step": (RESP, None), "close": (CLOSED, None),
         "pad": (RESP, None), "align_hint": (RESP, None), "drain": (RESP, None),
+        "truncate": (RESP, None), "text_item": (RESP, None), "retrieve_item": (RESP, None),
     },
     ERR: {"close": (CLOSED, None)},
     CLOSED: {"end": (CLOSED, None)},

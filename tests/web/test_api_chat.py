@@ -197,3 +197,53 @@ def test_projection() -> None:
     assert p.project(ev.Error("bad_audio", "undecodable")) == [b"\x05undecodable"]
     assert p.project(ev.SessionClosed("sess_x", "client_close")) == []
     assert p.project(ev.AudioFrame("r", "i", 0, 2, pcm, "late")) == []
+
+
+async def test_a_prompt_not_prefilled_in_time_names_the_limit_it_hit(autojump_clock):
+    """The handshake's wait for the slot's prefill is bounded by the server's prepare timeout,
+    and the session's error says which limit that was and where it came from."""
+    import types
+
+    import trio
+
+    from duplex_actors.counters import Counters
+    from duplex_actors.web.api_chat import ApiChatConnection
+    from duplex_actors.web.connection import Transport
+
+    rejected: list[tuple[str, str, str]] = []
+    closed: list[str] = []
+
+    async def reject(kind: str, code: str, message: str) -> None:
+        rejected.append((kind, code, message))
+
+    async def close(reason: str) -> None:
+        closed.append(reason)
+
+    async def nothing(*_: object) -> None:
+        return None
+
+    server = types.SimpleNamespace(
+        scheduler=types.SimpleNamespace(wait_reset=lambda slot: trio.sleep_forever())
+    )
+    conn = ApiChatConnection(
+        server,  # type: ignore[arg-type]
+        Transport(nothing, nothing, nothing),  # type: ignore[arg-type]
+        dialect=ApiChatDialect({}),
+        idle_timeout_s=300.0,
+        counters=Counters(),
+        prepare_timeout_s=1060.0,
+        prepare_timeout_source="4 times the default prompt's 265.0 s prefill at start-up",
+    )
+    conn.session = types.SimpleNamespace(slot=0, reject=reject, close=close)  # type: ignore[assignment]
+    started = trio.current_time()
+    await conn._handshake()
+    assert trio.current_time() - started == pytest.approx(1060.0)
+    assert rejected == [
+        (
+            "session.open",
+            "internal_error",
+            "the session's prompt was not prefilled within the prepare timeout of 1060 s "
+            "(4 times the default prompt's 265.0 s prefill at start-up)",
+        )
+    ]
+    assert closed == ["error"] and not conn.ready

@@ -12,6 +12,8 @@ import pytest
 import trio
 import trio.testing
 from hypercorn.trio import serve
+from hypothesis import given
+from hypothesis import strategies as st
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from duplex_actors.config import ServerConfig
@@ -349,3 +351,16 @@ async def test_an_answered_http_peer_with_nothing_waiting_is_closed_at_once():
         guard_connections()
     assert answer.startswith(b"HTTP/1.1 404")
     assert freed_after < 1.0, freed_after
+
+
+@given(key=st.binary(min_size=4, max_size=4), chunks=st.lists(st.binary(max_size=1100), max_size=6))
+def test_the_numpy_unmasking_is_wsprotos(key: bytes, chunks: list[bytes]) -> None:
+    from wsproto.frame_protocol import XorMaskerSimple
+
+    from duplex_actors.web.hardening import WSPROTO_UNMASK, _unmask
+
+    assert WSPROTO_UNMASK is not _unmask
+    theirs, ours = XorMaskerSimple(key), XorMaskerSimple(key)
+    for chunk in chunks:
+        assert _unmask(ours, bytearray(chunk)) == WSPROTO_UNMASK(theirs, bytearray(chunk))
+        assert ours._masking_key == theirs._masking_key

@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Final, Protocol, TextIO
 
 import attrs
 import numpy as np
@@ -183,7 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fast", action="store_true", help="send as fast as the server takes it")
     parser.add_argument("--window", type=int, default=50, help="--fast: frames ahead of the reply (50)")
     parser.add_argument("--tail-ms", type=float, default=240.0, help="silence appended (default 240)")
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the last frames")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=15.0,
+        help="give up when no new frame has come back for this many seconds (default 15); a slow "
+        "server that keeps answering is waited for",
+    )
+    parser.add_argument(
+        "--open-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for the session to open and its first frame, which wait for the "
+        "server to prefill the prompt (minutes for a new persona on a CPU; default 600)",
+    )
     parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
     parser.add_argument("--beta", action="store_true", help="ask for OpenAI's beta event names")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress output")
@@ -209,6 +222,28 @@ def build_parser() -> argparse.ArgumentParser:
         "decoded; the reply WAV is then 8 kHz)",
     )
     return parser
+
+
+class _Replying(Protocol):
+    @property
+    def frames_received(self) -> int: ...
+
+    async def wait_frames(self, count: int, *, timeout: float) -> None: ...
+
+
+async def wait_for_reply(client: _Replying, frames: int, *, stall_s: float, first_s: float) -> str | None:
+    """Wait until ``frames`` output frames have come back, for as long as they keep coming: the
+    first within ``first_s`` (the server prefills the prompt first), each next one within
+    ``stall_s`` of the one before. None once all came, else which limit was hit."""
+    while client.frames_received < frames:
+        got = client.frames_received
+        limit, flag = (first_s, "--open-timeout") if got == 0 else (stall_s, "--timeout")
+        try:
+            await client.wait_frames(got + 1, timeout=limit)
+        except trio.TooSlowError:
+            what = "no frame came back" if got == 0 else "no further frame came back"
+            return f"{what} within {limit:g} s ({flag})"
+    return None
 
 
 def prepare_input(path: str, tail_ms: float, rate: int = SAMPLE_RATE) -> Float32Array:
@@ -246,7 +281,6 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
     )
     reply = Reply(warn=err)
     progress = Progress(sent, reply, err, quiet=args.quiet)
-    complete = True
     try:
         async with open_duplex_client(
             args.url,
@@ -256,6 +290,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
             queue_events=False,
             on_event=reply.on_event,
             alignment=args.align,
+            open_timeout=args.open_timeout,
         ) as client:
             if not args.quiet:
                 print(
@@ -272,10 +307,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
             )
             # A pad the client applied adds its length to the server's input (whole frames here).
             frames += sum(pad for _, pad in client.pads) * 24 // 1920
-            try:
-                await client.wait_frames(frames, timeout=args.timeout)
-            except trio.TooSlowError:
-                complete = False
+            stalled = await wait_for_reply(client, frames, stall_s=args.timeout, first_s=args.open_timeout)
             progress.draw(sent)
             progress.finish()
     except Unauthorized as exc:
@@ -310,8 +342,12 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
             else f"duplex-client: wrote {args.output}: no audio came back",
             file=err,
         )
-    if not complete or reply.frames < frames:
-        print(f"duplex-client: incomplete reply: {reply.frames} of {frames} frames came back", file=err)
+    if stalled is not None or reply.frames < frames:
+        print(
+            f"duplex-client: incomplete reply: {reply.frames} of {frames} frames came back"
+            + (f": {stalled}" if stalled else ""),
+            file=err,
+        )
         return EXIT_INCOMPLETE
     return EXIT_OK
 
@@ -331,7 +367,6 @@ async def run_api_chat(args: argparse.Namespace, err: TextIO) -> int:
         return EXIT_USAGE
     reply = Reply(warn=err)
     progress = Progress(sent, reply, err, quiet=args.quiet)
-    complete = True
     try:
         async with open_api_chat_client(
             args.url,
@@ -339,7 +374,7 @@ async def run_api_chat(args: argparse.Namespace, err: TextIO) -> int:
             text_prompt=args.persona,
             voice_prompt=args.voice,
             decode=True,
-            handshake_timeout=max(30.0, args.timeout),
+            handshake_timeout=args.open_timeout,
         ) as client:
             if not args.quiet:
                 print(
@@ -358,10 +393,7 @@ async def run_api_chat(args: argparse.Namespace, err: TextIO) -> int:
                 max_ahead_frames=max(1, args.window) if args.fast else None,
                 progress=track,
             )
-            try:
-                await client.wait_frames(sent, timeout=args.timeout)
-            except trio.TooSlowError:
-                complete = False
+            stalled = await wait_for_reply(client, sent, stall_s=args.timeout, first_s=args.open_timeout)
             reply.frames = client.frames_received
             progress.draw(sent)
             progress.finish()
@@ -391,8 +423,12 @@ async def run_api_chat(args: argparse.Namespace, err: TextIO) -> int:
             f"sent; transcript {len(transcript)} characters",
             file=err,
         )
-    if not complete or frames < sent:
-        print(f"duplex-client: incomplete reply: {frames} of {sent} frames came back", file=err)
+    if stalled is not None or frames < sent:
+        print(
+            f"duplex-client: incomplete reply: {frames} of {sent} frames came back"
+            + (f": {stalled}" if stalled else ""),
+            file=err,
+        )
         return EXIT_INCOMPLETE
     return EXIT_OK
 

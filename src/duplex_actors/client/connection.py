@@ -588,7 +588,9 @@ class DuplexClient:
 
     async def update(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> SessionUpdated:
         """``session.update`` and wait for its ``session.updated`` (the full effective session);
-        ``persona=`` is sent as ``instructions``. Raises :class:`RequestRefused` on ``error``."""
+        ``persona=`` is sent as ``instructions``. Raises :class:`RequestRefused` on ``error``
+        (an update refused whole). An update refused in part returns its ``session.updated``
+        (the fields taken); an ``error`` per refused field follows it, with this update's id."""
         from .errors import RequestRefused
 
         session = dict(config or {})

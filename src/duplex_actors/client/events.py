@@ -172,7 +172,12 @@ _CLASSES: Final[dict[str, dict[str, type[Any]]]] = {
 
 
 def _transcript(response: wire.Response) -> str:
-    return "".join(part.transcript for item in response.output for part in item.content)
+    return "".join(
+        part.transcript
+        for item in response.output
+        for part in item.content
+        if isinstance(part, wire.ItemContent)
+    )
 
 
 def _view(event: Any, common: dict[str, Any]) -> ServerEvent:

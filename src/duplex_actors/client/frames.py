@@ -1,5 +1,6 @@
 """One client WebSocket frame as bytes (masked, as RFC 6455 requires of clients), for the
-byte-level clients of the reliability tests and of ``bench/append_path.py``."""
+byte-level clients: ``duplex-load --lean`` (``client/lean_wire.py``), the reliability tests and
+``bench/append_path.py``."""
 
 from __future__ import annotations
 

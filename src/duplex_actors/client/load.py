@@ -62,8 +62,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -90,18 +88,17 @@ from .cli import FORMATS_EPILOG, input_format_arg, output_format_arg
 from .connection import create_duplex_session_config, open_duplex_client
 from .errors import ConnectFailed, DuplexError, ResourceExhausted, ServerClosed, SessionRefused, Unauthorized
 from .events import AlignmentHint, AudioDelta, Error, ServerEvent
+from .lean import main_lean
 from .opus import encode_opus_messages
+from .phases import PHASES, start_offsets
+from .server_metrics import http_base, http_get, metrics_of, server_figures
 from .stats import (
     Delta,
     aggregate,
-    bucket_quantile,
     frame_latencies_ms,
     frame_send_times,
-    prometheus_buckets,
-    prometheus_value,
     round_trips_ms,
     session_stats,
-    steps_per_tick,
 )
 
 MIN_COVERAGE: Final = 0.99
@@ -177,91 +174,13 @@ class Trial:
 
 
 # -- the server's HTTP side --------------------------------------------------------------------
-def http_base(ws_url: str) -> str:
-    """``ws://host:port/...`` -> ``http://host:port`` (``wss`` -> ``https``)."""
-    parts = urlsplit(ws_url)
-    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
-    return urlunsplit((scheme, parts.netloc, "", "", ""))
-
-
-def _http_get(url: str, api_key: str | None) -> tuple[int, str]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
-            return int(resp.status), resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return 0, ""
-
-
 async def scrape(base: str, api_key: str | None = None) -> dict[str, float | None]:
-    """The server counters ``duplex-load`` reports (``None`` when /metrics is unreachable or
-    the server does not export one); ``wait_bucket_<le>``: ``duplex_frame_wait_seconds``'s
-    cumulative buckets."""
-    status, text = await trio.to_thread.run_sync(_http_get, base + "/metrics", api_key)
-    names = {
-        "deadline_misses": "duplex_deadline_misses_total",
-        "step_seconds_sum": "duplex_step_duration_seconds_sum",
-        "steps": "duplex_step_duration_seconds_count",
-        "frames_dropped": "duplex_frames_dropped_total",
-        "frames_out": "duplex_frames_out_total",
-        "batch_size_sum": "duplex_batch_size_sum",
-        "wait_sum": "duplex_frame_wait_seconds_sum",
-        "wait_count": "duplex_frame_wait_seconds_count",
-        "catchups": "duplex_catchup_steps_total",
-        "align_pad_s": "duplex_align_pad_seconds_total",
-    }
-    if status != 200:
-        return {**dict.fromkeys(names), "drained": None}
-    out: dict[str, float | None] = {key: prometheus_value(text, metric) for key, metric in names.items()}
-    out["drained"] = prometheus_value(text, "duplex_frames_dropped_total", reason="drained")
-    if out["drained"] is None and out["frames_dropped"] is not None:
-        out["drained"] = 0.0  # the counter is there, no frame was drained yet
-    for le, count in prometheus_buckets(text, "duplex_frame_wait_seconds").items():
-        out[f"wait_bucket_{le}"] = count
-    return out
-
-
-def server_figures(
-    before: dict[str, float | None], after: dict[str, float | None], sessions: int
-) -> dict[str, Any]:
-    """The server side of a run from two scrapes: deltas, mean step, steps per tick (as
-    docs/operations.md defines it), the added wait (``duplex_frame_wait_seconds``: mean and the
-    p50/p99 bucket bounds), catch-up steps, alignment pad seconds, drained frames."""
-    steps = _delta(after, before, "steps")
-    step_sum = _delta(after, before, "step_seconds_sum")
-    wait_n = _delta(after, before, "wait_count")
-    wait_sum = _delta(after, before, "wait_sum")
-    buckets: dict[float, float] = {}
-    for key, value in after.items():
-        if key.startswith("wait_bucket_") and value is not None:
-            b = before.get(key)
-            buckets[float(key.removeprefix("wait_bucket_"))] = value - (b or 0.0)
-    p50, p99 = bucket_quantile(buckets, 0.5), bucket_quantile(buckets, 0.99)
-    spt = steps_per_tick(steps, _delta(after, before, "batch_size_sum"), sessions)
-    return {
-        "deadline_misses": _delta(after, before, "deadline_misses"),
-        "frames_dropped": _delta(after, before, "frames_dropped"),
-        "steps": steps,
-        "step_ms_mean": round(1000 * step_sum / steps, 3) if steps and step_sum is not None else None,
-        "steps_per_tick": round(spt, 4) if spt is not None else None,
-        "wait_ms_mean": round(1000 * wait_sum / wait_n, 3) if wait_n and wait_sum is not None else None,
-        "wait_ms_p50_le": None if p50 is None else round(1000 * p50, 3),
-        "wait_ms_p99_le": None if p99 is None else round(1000 * p99, 3),
-        "catchup_steps": _delta(after, before, "catchups"),
-        "align_pad_s": _delta(after, before, "align_pad_s"),
-        "drained_frames": _delta(after, before, "drained"),
-    }
-
-
-def _delta(after: dict[str, float | None], before: dict[str, float | None], key: str) -> float | None:
-    a, b = after.get(key), before.get(key)
-    return None if a is None or b is None else a - b
+    """The server counters ``duplex-load`` reports (:func:`~.server_metrics.metrics_of`)."""
+    return metrics_of(*await trio.to_thread.run_sync(http_get, base + "/metrics", api_key))
 
 
 async def ready(base: str, api_key: str | None = None) -> dict[str, Any]:
-    status, text = await trio.to_thread.run_sync(_http_get, base + "/ready", api_key)
+    status, text = await trio.to_thread.run_sync(http_get, base + "/ready", api_key)
     try:
         body = json.loads(text) if text else {}
     except ValueError:
@@ -279,22 +198,9 @@ async def wait_idle(base: str, api_key: str | None = None, timeout: float = 15.0
             await trio.sleep(0.1)
 
 
-# -- start phases and injected jitter (pure, deterministic with a seed) ------------------------
-PHASES: Final = ("spread", "random", "sync")
+# -- injected jitter (pure, deterministic with a seed) -----------------------------------------
 CHUNK_MS: Final = (10, 20, 40, 80, 100)
 ALIGN: Final = ("client", "server", "off", "none")
-
-
-def start_offsets(n: int, phases: str = "spread", seed: int = 0) -> list[float]:
-    """Start offset (s) of each of ``n`` streams within one 80 ms tick: ``spread`` i*80/n ms,
-    ``random`` uniform in [0, 80) ms drawn from ``seed``, ``sync`` all 0."""
-    if phases == "sync":
-        return [0.0] * n
-    if phases == "spread":
-        return [i * FRAME_S / n for i in range(n)]
-    if phases == "random":
-        return [float(x) for x in np.random.default_rng(seed).uniform(0.0, FRAME_S, n)]
-    raise ValueError(f"phases must be one of {', '.join(PHASES)}")
 
 
 @attrs.frozen
@@ -796,7 +702,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="api-chat: decode the replies of every K-th session for the audible-frames check "
         "(default 8; every session's frames are timed without decoding)",
     )
+    parser.add_argument(
+        "--max-p99-ms",
+        type=float,
+        default=MAX_P99_MS,
+        help=f"held: latency p99 at most this (default {MAX_P99_MS:g})",
+    )
     parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY") or None)
+    lean = parser.add_argument_group(
+        "lean mode (duplex_actors/client/lean.py)",
+        "one thread over raw sockets, a pre-encoded tone, replies only counted and timed: ~0.1 ms "
+        "of client CPU per session-frame, to measure a server's own cost per frame. Takes --url "
+        "(/v1/realtime: JSON; /v1/duplex: binary both ways), --sessions, --seconds, --chunk-ms, "
+        "--phases, --seed, --align, --drain, --voice, --persona, --max-p99-ms, --out, --api-key",
+    )
+    lean.add_argument("--lean", action="store_true", help="run the lean client")
+    lean.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="lean: stream this long before the measured --seconds (latency and client CPU count "
+        "the window after it; it prints 'lean: window start'/'end' as it passes them)",
+    )
     return parser
 
 
@@ -888,6 +816,7 @@ async def _main(args: argparse.Namespace) -> int:
         align=args.align,
         jitter=jitter_of(args),
         rate=fmt.rate,
+        max_p99_ms=args.max_p99_ms,
     )
     meta = {
         "url": args.url,
@@ -931,6 +860,7 @@ async def _main_api_chat(args: argparse.Namespace, samples: Float32Array) -> int
         dialect="api-chat",
         query=query,
         decode_every=args.decode_every,
+        max_p99_ms=args.max_p99_ms,
     )
     meta = {
         "url": url,
@@ -1007,9 +937,11 @@ async def _run(args: argparse.Namespace, opts: Options, audio: Audio, meta: dict
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.sessions < 1 or args.seconds <= 0:
-        print("duplex-load: --sessions must be >= 1 and --seconds > 0", file=sys.stderr)
+    if args.sessions < 1 or args.seconds <= 0 or args.warmup < 0:
+        print("duplex-load: --sessions must be >= 1, --seconds > 0 and --warmup >= 0", file=sys.stderr)
         return EXIT_USAGE
+    if args.lean:
+        return main_lean(args)
     try:
         return trio.run(_main, args)
     except Unauthorized as exc:

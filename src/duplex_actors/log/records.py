@@ -23,7 +23,11 @@ import attrs
 # 4: alignment (spec section 7): ``pad``, ``align_hint`` and ``drain`` records; the core fills
 # ``input_samples_end`` on output frames only for logs of this version or later, so the event
 # digests of older logs do not move.
-FORMAT_VERSION: Final = 4
+# 5: ``cancel`` and ``clear_output`` carry ``reset`` (False: the response ends and the model keeps
+# its context; older records read as True, as they were applied); ``truncate``, ``text_item``
+# and ``retrieve_item`` records; an opening config with a refused field opens with the rest of
+# it (older logs opened with the defaults, and still replay so).
+FORMAT_VERSION: Final = 5
 _JSON_LEN = struct.Struct("<I")
 
 
@@ -78,14 +82,21 @@ class ClearInput:
 
 @attrs.frozen(slots=True)
 class ClearOutput:
+    """``reset``: an active response's end also resets the model's context (a new epoch);
+    False: the response ends and the model keeps its context."""
+
     KIND: ClassVar[int] = 6
     client_event_id: str | None = None
+    reset: bool = True
 
 
 @attrs.frozen(slots=True)
 class Cancel:
+    """``reset`` as for :class:`ClearOutput`."""
+
     KIND: ClassVar[int] = 7
     client_event_id: str | None = None
+    reset: bool = True
 
 
 @attrs.frozen(slots=True)
@@ -180,6 +191,40 @@ class Drain:
     reason: str = "drained"
 
 
+@attrs.frozen(slots=True)
+class Truncate:
+    """``conversation.item.truncate``: the client says it played ``audio_end_ms`` of the item's
+    audio (content part ``content_index``). Recorded and acknowledged; the model's context is
+    not changed (it heard its own output as it was produced)."""
+
+    KIND: ClassVar[int] = 17
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class TextItem:
+    """``conversation.item.create`` of a text message: ``role`` (user, system, developer or
+    assistant) and its text; ``item_id`` as the client named it (None: the server names it)."""
+
+    KIND: ClassVar[int] = 18
+    role: str
+    text: str
+    item_id: str | None = None
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class RetrieveItem:
+    """``conversation.item.retrieve``: the client asks for an item as the server holds it."""
+
+    KIND: ClassVar[int] = 19
+    item_id: str
+    client_event_id: str | None = None
+
+
 Record = (
     Header
     | Open
@@ -197,6 +242,9 @@ Record = (
     | Pad
     | AlignHint
     | Drain
+    | Truncate
+    | TextItem
+    | RetrieveItem
 )
 RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Header,
@@ -215,6 +263,9 @@ RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Pad,
     AlignHint,
     Drain,
+    Truncate,
+    TextItem,
+    RetrieveItem,
 )
 BY_KIND: Final[dict[int, type[Any]]] = {cls.KIND: cls for cls in RECORD_TYPES}
 KIND_NAMES: Final[dict[type[Any], str]] = {
@@ -234,6 +285,9 @@ KIND_NAMES: Final[dict[type[Any], str]] = {
     Pad: "pad",
     AlignHint: "align_hint",
     Drain: "drain",
+    Truncate: "truncate",
+    TextItem: "text_item",
+    RetrieveItem: "retrieve_item",
 }
 
 
@@ -241,21 +295,30 @@ class PayloadError(ValueError):
     """A payload that does not decode to its record kind."""
 
 
+_PAYLOAD_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+_FIELD_NAMES: dict[type, tuple[tuple[str, ...], str | None]] = {}
+
+
+def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
+    """A record class's JSON fields and its blob field (looked up once per class)."""
+    found = _FIELD_NAMES.get(cls)
+    if found is None:
+        blob_field: str | None = getattr(cls, "BLOB", None)
+        names = tuple(a.name for a in attrs.fields(cls) if a.name != blob_field)
+        found = _FIELD_NAMES[cls] = (names, blob_field)
+    return found
+
+
 def encode_payload(record: Record) -> tuple[int, bytes]:
     """``(kind, payload bytes)`` of a record."""
     cls = type(record)
-    blob_field: str | None = getattr(cls, "BLOB", None)
+    names, blob_field = _field_names(cls)
     fields = {}
-    blob = b""
-    for a in attrs.fields(cls):
-        value = getattr(record, a.name)
-        if a.name == blob_field:
-            blob = bytes(value)
-        elif isinstance(value, tuple):
-            fields[a.name] = list(value)
-        else:
-            fields[a.name] = value
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    for name in names:
+        value = getattr(record, name)
+        fields[name] = list(value) if isinstance(value, tuple) else value
+    blob = bytes(getattr(record, blob_field)) if blob_field is not None else b""
+    text = _PAYLOAD_JSON(fields).encode()
     return cls.KIND, _JSON_LEN.pack(len(text)) + text + blob
 
 

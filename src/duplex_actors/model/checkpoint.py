@@ -6,7 +6,6 @@ The built-in tiny models are resolved one layer up, in :mod:`.factory` (they are
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,7 +16,8 @@ from typing import Any
 
 import attrs
 
-from .errors import CheckpointError
+from .digest import Progress, file_sha256
+from .errors import CheckpointError, CheckpointUnavailable
 from .layout import (
     HF_ALLOW_PATTERNS,
     LM_CONFIG_NAME,
@@ -46,20 +46,10 @@ class CheckpointFiles:
     lm_config: Mapping[str, Any]
     mimi_config: Mapping[str, Any] | None
 
-    def lm_sha256(self) -> str:
-        return file_sha256(self.lm)
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, cached beside nothing: a Hugging Face blob is named by it already."""
-    real = path.resolve()
-    if real.parent.name == "blobs" and re.fullmatch(r"[0-9a-f]{64}", real.name):
-        return real.name
-    digest = hashlib.sha256()
-    with open(real, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    def lm_sha256(self, progress: Progress | None = None) -> str:
+        """The LM file's SHA-256 (the log header's checkpoint identity), through the digest
+        cache (:mod:`.digest`)."""
+        return file_sha256(self.lm, progress=progress)
 
 
 def _require(path: Path, what: str) -> Path:
@@ -139,22 +129,48 @@ def checkpoint_from_hf(repo_id: str, revision: str | None = None) -> CheckpointF
     """Download (or find in the local cache) a Hugging Face repo with huggingface_hub.
 
     Honours ``HF_TOKEN`` (the PersonaPlex repo is gated), ``HF_HOME``/``HF_HUB_CACHE`` and
-    ``HF_HUB_OFFLINE=1`` (cache only).
+    ``HF_HUB_OFFLINE=1`` (cache only). A hub that cannot be reached (or answers 429/5xx) raises
+    :class:`CheckpointUnavailable`, which may heal; anything else (no such repo or revision, no
+    access, offline and not cached) raises :class:`CheckpointError`.
     """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         local = snapshot_download(repo_id, revision=revision, allow_patterns=list(HF_ALLOW_PATTERNS))
     except LocalEntryNotFoundError as exc:
+        if constants.HF_HUB_OFFLINE:
+            raise CheckpointError(
+                f"{repo_id}: not in the local Hugging Face cache, and HF_HUB_OFFLINE=1"
+            ) from exc
+        raise CheckpointUnavailable(
+            f"{repo_id}: the Hugging Face hub cannot be reached and the repo is not in the local cache"
+        ) from exc
+    except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as exc:
         raise CheckpointError(
-            f"{repo_id}: not in the local Hugging Face cache and the hub is unreachable or "
-            f"HF_HUB_OFFLINE=1 ({exc})"
+            f"{repo_id}: {_first_line(exc)} (gated repos need HF_TOKEN with access)"
         ) from exc
     except HfHubHTTPError as exc:
-        raise CheckpointError(f"{repo_id}: download failed ({exc}); gated repos need HF_TOKEN") from exc
+        status = exc.response.status_code if exc.response is not None else None
+        if status is None or status == 429 or status >= 500:
+            raise CheckpointUnavailable(f"{repo_id}: download failed: {_first_line(exc)}") from exc
+        raise CheckpointError(
+            f"{repo_id}: download failed ({_first_line(exc)}); gated repos need HF_TOKEN"
+        ) from exc
+    except OSError as exc:  # requests' connection errors and timeouts are OSErrors
+        raise CheckpointUnavailable(f"{repo_id}: download failed: {_first_line(exc)}") from exc
     name = repo_id if revision is None else f"{repo_id}@{revision}"
     return checkpoint_from_dir(Path(local), model_id=name)
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def find_checkpoint(spec: str, revision: str | None = None) -> CheckpointFiles | None:

@@ -17,6 +17,13 @@ class CheckpointError(ModelError):
     code = "checkpoint_error"
 
 
+class CheckpointUnavailable(ModelError):
+    """The checkpoint cannot be fetched now (the hub is unreachable or overloaded); a later
+    attempt may work, so the server keeps trying."""
+
+    code = "checkpoint_unavailable"
+
+
 class InvalidVoice(ModelError):
     """The requested voice prompt is not a bundled ``.pt`` basename of this checkpoint."""
 

@@ -11,11 +11,13 @@ With ``pin_width``, every row may keep its first positions (its prompt) past the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
+from . import kv_write
 from .engine import GREEDY, NUM_CODEBOOKS, SamplingConfig
 from .personaplex import PrefillPlan
 from .pinned_context import PinnedPrefix, install
@@ -72,6 +74,9 @@ class LMRunner:
             support_out_of_sync=True,
         )
         self.lm_gen.streaming_forever(batch_size)
+        # On CPU in bfloat16 and float16, KV-cache writes through index_put_: moshi's scatter_
+        # costs a whole cache per write there (kv_write.py); the same values land either way.
+        kv_write.install(lm)
         if not cuda_graphs:
             state: Any = self.lm_gen._streaming_state
             state.graphed_main.disable = True
@@ -143,9 +148,17 @@ class LMRunner:
         self.emb_mask[slot] = False
 
     @torch.no_grad()
-    def run_prefill(self, slot: int, plan: PrefillPlan, sampling: SamplingConfig, *, pin: int = 0) -> None:
-        """Run every forced call of ``plan`` in ``slot`` (the other slots do not advance), then
-        pin its first ``pin`` positions.
+    def run_prefill(
+        self,
+        slot: int,
+        plan: PrefillPlan,
+        sampling: SamplingConfig,
+        progress: Callable[[int, int], None] | None = None,
+        *,
+        pin: int = 0,
+    ) -> None:
+        """Run every forced call of ``plan`` in ``slot`` (the other slots do not advance);
+        ``progress(calls done, calls)`` after each; then pin its first ``pin`` positions.
 
         The prompt's last call leaves text and agent codebook 0 to the model; it is decoded
         greedily so that a prompt's state is one deterministic snapshot for every session.
@@ -155,7 +168,7 @@ class LMRunner:
         tokens = torch.zeros(self.batch_size, NUM_CODEBOOKS, 1, dtype=torch.long, device=device)
         agent = torch.zeros(self.batch_size, NUM_CODEBOOKS, 1, dtype=torch.long, device=device)
         self.sampler.configure(slot, GREEDY)
-        for call in plan.calls:
+        for done, call in enumerate(plan.calls, 1):
             tokens[slot, :, 0] = torch.tensor(call.user, device=device)
             self.force_text_mask[slot] = call.text is not None
             self.force_text[slot] = call.text if call.text is not None else 0
@@ -173,6 +186,8 @@ class LMRunner:
                 self.step(tokens, exec_mask, agent)
             else:
                 self.step(tokens, exec_mask)
+            if progress is not None:
+                progress(done, len(plan.calls))
         self.clear_forcing(slot)
         self.sampler.configure(slot, sampling)
         self.sampler.frame[slot] = len(plan)

@@ -50,9 +50,11 @@ def depformer_steps(state: Mapping[str, torch.Tensor]) -> int:
 
 
 def cut_depformer(state: dict[str, torch.Tensor], steps: int) -> dict[str, torch.Tensor]:
-    """Keep the first 8 depformer steps of a ``steps``-step state dict."""
+    """Keep the first 8 depformer steps of a ``steps``-step state dict. Takes the tensors out
+    of ``state`` as it goes (it ends empty), so that each dropped one is freed at once."""
     out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
+    for key in list(state):
+        value = state.pop(key)
         m = _PER_STEP.match(key)
         if m is not None:
             limit = AGENT_STEPS - 1 if key.startswith("depformer_emb.") else AGENT_STEPS
@@ -62,14 +64,69 @@ def cut_depformer(state: dict[str, torch.Tensor], steps: int) -> dict[str, torch
             rows = value.shape[0]
             if rows % steps:
                 raise CheckpointError(f"{key}: {rows} rows do not split into {steps} steps")
-            value = value[: rows // steps * AGENT_STEPS]
+            # A copy: a view would keep the whole fused tensor (every step) alive.
+            value = value[: rows // steps * AGENT_STEPS].clone()
         out[key] = value
     return out
 
 
-def load_lm(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype) -> LMModel:
-    from moshi.models import loaders
+def lm_header(files: CheckpointFiles) -> dict[str, torch.Tensor]:
+    """The LM file's tensors as meta tensors (names, shapes, dtypes; no data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(files.lm), framework="pt") as f:  # type: ignore[no-untyped-call]
+            out = {}
+            for key in f.keys():
+                part = f.get_slice(key)
+                dtype = _SAFETENSORS_DTYPES.get(part.get_dtype())
+                if dtype is None:
+                    raise CheckpointError(f"{files.lm}: {key}: unsupported dtype {part.get_dtype()}")
+                out[key] = torch.empty(part.get_shape(), dtype=dtype, device="meta")
+            return out
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{files.lm}: expected a safetensors LM checkpoint ({exc})") from exc
+
+
+_SAFETENSORS_DTYPES = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+}
+
+
+def lm_from_state(
+    state: dict[str, torch.Tensor], kwargs: Mapping[str, Any], dtype: torch.dtype, where: Path
+) -> LMModel:
+    """An ``LMModel`` (``dep_q`` 8) holding ``state``, a 16-step PersonaPlex state dict (cut
+    here) or an 8-step one, loaded strictly; also on the meta device (the 7B layout check).
+    Takes the tensors out of ``state`` (it ends empty): no original outlives its conversion."""
     from moshi.models.lm import LMModel
+
+    steps = depformer_steps(state)
+    if steps not in (AGENT_STEPS, 2 * AGENT_STEPS):
+        raise CheckpointError(f"{where}: depformer has {steps} steps; expected 8 (Moshi) or 16 (PersonaPlex)")
+    kept = cut_depformer(state, steps) if steps != AGENT_STEPS else {k: state.pop(k) for k in list(state)}
+    for key, value in kept.items():
+        if value.dtype.is_floating_point:
+            kept[key] = value.to(dtype)
+    try:
+        model = LMModel(device=torch.device("meta"), dtype=dtype, **kwargs)
+        model.load_state_dict(kept, assign=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{where}: does not match the LM config: {_first_lines(exc)}") from exc
+    model.eval()
+    return model
+
+
+def load_lm(files: CheckpointFiles, device: torch.device | str, dtype: torch.dtype) -> LMModel:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -78,26 +135,10 @@ def load_lm(files: CheckpointFiles, device: torch.device | str, dtype: torch.dty
         state = load_file(files.lm, device=str(device))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{files.lm}: expected a safetensors LM checkpoint ({exc})") from exc
-    steps = depformer_steps(state)
-    try:
-        if steps == AGENT_STEPS:
-            del state
-            return loaders.get_moshi_lm(files.lm, lm_kwargs=kwargs, device=device, dtype=dtype)
-        if steps != 2 * AGENT_STEPS:
-            raise CheckpointError(
-                f"{files.lm}: depformer has {steps} steps; expected 8 (Moshi) or 16 (PersonaPlex)"
-            )
-        # Same as loaders.get_moshi_lm, on the cut state dict.
-        state = cut_depformer(state, steps)
-        for key, value in state.items():
-            if value.dtype.is_floating_point:
-                state[key] = value.to(dtype)
-        model = LMModel(device=torch.device("meta"), dtype=dtype, **kwargs)
-        model.load_state_dict(state, assign=True)
-        model.eval()
-        return model
-    except RuntimeError as exc:
-        raise CheckpointError(f"{files.lm}: does not match the LM config: {_first_lines(exc)}") from exc
+    model = lm_from_state(state, kwargs, dtype, files.lm)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # the cut's dropped steps go back to the device
+    return model
 
 
 def load_mimi(files: CheckpointFiles, device: torch.device | str) -> MimiModel:

@@ -20,7 +20,7 @@ import platform
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -168,9 +168,10 @@ class MoshiEngine:
     def model_id(self) -> str:
         return self.checkpoint.files.model_id
 
-    def describe(self) -> EngineDescription:
-        """What a session log's header records; the first call hashes the LM weights (call it
-        off the event loop), later ones reuse the result (nothing in it changes)."""
+    def describe(self, progress: Callable[[int, int], None] | None = None) -> EngineDescription:
+        """What a session log's header records; the first call hashes the LM weights unless
+        their digest is cached (call it off the event loop; ``progress`` gets bytes hashed and
+        total), later ones reuse the result (nothing in it changes)."""
         if self._description is not None:
             return self._description
         checkpoint = self.checkpoint
@@ -192,7 +193,7 @@ class MoshiEngine:
             engine.update(pin="prompt", pin_max=self.pin_max, attention=self._runner.pins.kernel)
         self._description = EngineDescription(
             model_id=self.model_id,
-            checkpoint_sha256=checkpoint.files.lm_sha256(),
+            checkpoint_sha256=checkpoint.files.lm_sha256(progress),
             dtype=str(checkpoint.dtype).removeprefix("torch."),
             engine=engine,
         )
@@ -229,8 +230,16 @@ class MoshiEngine:
             self._plans[key] = plan
         return self._plans[key]
 
-    def prepare(self, prompt: SessionPrompt) -> SlotState | None:
-        """Compute (or fetch) the prefill snapshot of ``prompt``'s (voice, persona).
+    @property
+    def can_prepare(self) -> bool:
+        """Whether :meth:`prepare` computes anything (a family with prompts, snapshot mode)."""
+        return self._twin is not None
+
+    def prepare(
+        self, prompt: SessionPrompt, progress: Callable[[int, int], None] | None = None
+    ) -> SlotState | None:
+        """Compute (or fetch) the prefill snapshot of ``prompt``'s (voice, persona);
+        ``progress`` gets positions done and total as it is computed.
 
         Uses only the batch-1 twin, so it may run in another thread while ``step`` runs.
         """
@@ -249,7 +258,7 @@ class MoshiEngine:
                 return snap
             started = time.perf_counter()
             self._twin.reset(0, prompt.sampling)
-            self._twin.run_prefill(0, plan, prompt.sampling, pin=self._pin_of(plan))
+            self._twin.run_prefill(0, plan, prompt.sampling, progress=progress, pin=self._pin_of(plan))
             snap = self._twin.snapshot(0, len(plan))
             self.stats.prefill_compute_seconds_total += time.perf_counter() - started
             self.stats.prefill_snapshot_misses += 1

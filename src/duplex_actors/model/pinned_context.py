@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
+from . import kv_write
+
 if TYPE_CHECKING:
     from moshi.models.lm import LMModel
     from moshi.modules.transformer import StreamingMultiheadAttention
@@ -172,12 +174,19 @@ def _write(
     cache: Any, pin: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """moshi's ``RingKVCache.complete`` write, at w(end_offset): an exec-masked row writes too,
-    where its next real step writes before attending (as in moshi), and does not advance."""
+    where its next real step writes before attending (as in moshi), and does not advance. On CPU
+    in bfloat16 and float16 through ``index_put_``, as kv_write.py writes moshi's ring there
+    (``scatter_`` costs a whole cache per write); the same values land either way."""
     B, H, _, D = k.shape
     column = write_index(cache.end_offset, pin, cache.capacity)
-    index = column.view(B, 1, 1, 1).expand(B, H, 1, D)
-    cache.cache[0].scatter_(2, index, k)
-    cache.cache[1].scatter_(2, index, v)
+    if cache.cache.device.type == "cpu" and cache.cache.dtype in kv_write.HALF_DTYPES:
+        rows = torch.arange(B, device=column.device).view(B, 1)
+        cache.cache[0].transpose(1, 2).index_put_((rows, column.view(B, 1)), k.transpose(1, 2))
+        cache.cache[1].transpose(1, 2).index_put_((rows, column.view(B, 1)), v.transpose(1, 2))
+    else:
+        index = column.view(B, 1, 1, 1).expand(B, H, 1, D)
+        cache.cache[0].scatter_(2, index, k)
+        cache.cache[1].scatter_(2, index, v)
     return cache.cache[0], cache.cache[1]
 
 

@@ -14,7 +14,8 @@ and ``code``; the child's traceback is its ``__cause__``). If the child dies, ev
 later call raises :class:`EngineProcessDied` with its exit code, which is logged once.
 
 ``slots``, ``family`` and ``describe()`` are answered in the parent with no round trip: the
-child sends them once it has built the engine. The family's prompt-length check needs the
+child sends them once it has built the engine. Before that it sends its start-up phases
+(:class:`~duplex_actors.model.startup.PhaseReport`) as they go, for ``on_phase``. The family's prompt-length check needs the
 tokenizer: the parent loads it (SentencePiece, no torch), with each voice's prompt length.
 
 The child never outlives the server: :meth:`EngineProcess.close` ends it; pipe EOF (the parent
@@ -49,6 +50,7 @@ import numpy.typing as npt
 from .engine import EngineDescription, SessionPrompt, StepOutput
 from .errors import InvalidVoice, ModelError
 from .family import ModelFamily, wrap_with_system_tags
+from .startup import PhaseReport, PhaseSink, Startup, import_engine
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -120,7 +122,12 @@ class EngineProcess:
     """
 
     def __init__(
-        self, model: str = "tiny", *, factory: Callable[..., Any] | None = None, **open_kwargs: Any
+        self,
+        model: str = "tiny",
+        *,
+        factory: Callable[..., Any] | None = None,
+        on_phase: PhaseSink | None = None,
+        **open_kwargs: Any,
     ) -> None:
         started = time.perf_counter()
         ctx = multiprocessing.get_context("spawn")
@@ -136,7 +143,7 @@ class EngineProcess:
         self._exitcode: int | None = None
         self._process = ctx.Process(
             target=_child_main,
-            args=(step_child, prep_child, os.getpid(), factory, model, open_kwargs),
+            args=(step_child, prep_child, os.getpid(), factory, model, open_kwargs, on_phase is not None),
             name="duplex-engine",
             daemon=True,  # multiprocessing's exit handler ends it with a normally exiting parent
         )
@@ -149,6 +156,10 @@ class EngineProcess:
         self.pid: int = self._process.pid
         try:
             hello = self._receive(self._step_conn, "start")
+            while isinstance(hello, PhaseReport):  # the child's start-up phases, as they go
+                if on_phase is not None:
+                    on_phase(hello)
+                hello = self._receive(self._step_conn, "start")
         except BaseException:
             self._closing = True
             self._kill()
@@ -315,15 +326,20 @@ def _child_main(
     factory: Callable[..., Any] | None,
     model: str,
     open_kwargs: dict[str, Any],
+    report_phases: bool = False,
 ) -> None:
     for name in _IGNORED_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
     started = time.perf_counter()
     try:
-        from .factory import open_engine
+        if report_phases:
+            sink = lambda report: step_conn.send(("ok", report))  # noqa: E731
+            import_engine(Startup(sink))
+            open_kwargs = {**open_kwargs, "on_phase": sink}
+        from .factory import open_served_engine
 
-        engine = (factory or open_engine)(model, **open_kwargs)
+        engine = (factory or open_served_engine)(model, **open_kwargs)
         hello = _hello(engine, time.perf_counter() - started)
     except BaseException as exc:
         _reply_error(step_conn, exc)
@@ -395,16 +411,22 @@ def _reply_error(conn: Connection, exc: BaseException) -> bool:
     return True
 
 
-def _hello(engine: Any, build_s: float) -> _Hello:
+def prompt_length_table(engine: Any) -> tuple[dict[str, int] | None, str | None]:
+    """What another process needs to check prompt lengths without the engine: per voice the
+    prefill positions of an empty persona, and the tokenizer's file (None, None: no check)."""
     from .moshi_engine import MoshiEngine
     from .personaplex import prefill_positions
 
     family: ModelFamily = engine.family
-    base: dict[str, int] | None = None
-    tokenizer: str | None = None
-    if family.prompt_positions is not None and isinstance(engine, MoshiEngine):
-        base = {name: prefill_positions(engine.voice(name), 0) for name in family.voices}
-        tokenizer = str(engine.checkpoint.files.tokenizer)
+    if family.prompt_positions is None or not isinstance(engine, MoshiEngine):
+        return None, None
+    base = {name: prefill_positions(engine.voice(name), 0) for name in family.voices}
+    return base, str(engine.checkpoint.files.tokenizer)
+
+
+def _hello(engine: Any, build_s: float) -> _Hello:
+    family: ModelFamily = engine.family
+    base, tokenizer = prompt_length_table(engine)
     return _Hello(
         pid=os.getpid(),
         slots=engine.slots,

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import attrs
 import cattrs
+import pybase64
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
@@ -30,9 +31,11 @@ from . import errors as codes
 from . import events as wire
 from .errors import ProtocolError, clip
 from .events import (
+    CLIENT_EVENTS,
     NATIVE_CLIENT_EVENTS,
     REALTIME_CLIENT_EVENTS,
     ClientEvent,
+    ConversationItemCreate,
     Dialect,
     InputAudioBufferAppend,
     NativeClientEvent,
@@ -141,7 +144,7 @@ def _tag(cls: type) -> str:
 
 # Server events and the objects nested in them: every attrs class of .events but the client
 # events, which keep their own rules (tagged unions, ``type`` added last on unstructure).
-_CLIENT_CLASSES: Final = frozenset(NATIVE_CLIENT_EVENTS)
+_CLIENT_CLASSES: Final = frozenset(CLIENT_EVENTS)
 
 
 def _is_server_class(cls: Any) -> bool:
@@ -203,6 +206,7 @@ def make_converter() -> cattrs.Converter:
     conv.register_unstructure_hook(SessionCreate, _unstructure_session_create)
     configure_tagged_union(RealtimeClientEvent, conv, tag_generator=_tag, tag_name="type")
     configure_tagged_union(NativeClientEvent, conv, tag_generator=_tag, tag_name="type")
+    configure_tagged_union(ClientEvent, conv, tag_generator=_tag, tag_name="type")
     # Free-form objects (session config, payloads) go out as they are, one level copied.
     conv.register_unstructure_hook_func(lambda t: t == dict[str, Any], dict)
     conv.register_unstructure_hook_factory(_is_server_class, lambda cls: _server_unstructure_hook(cls, conv))
@@ -222,7 +226,7 @@ _TYPES: Final[dict[str, frozenset[str]]] = {
 
 def encode_client_event(event: ClientEvent) -> dict[str, Any]:
     """A client event as the JSON object a client sends (tests and in-repo clients use it)."""
-    out: dict[str, Any] = CONVERTER.unstructure(event, unstructure_as=NativeClientEvent)
+    out: dict[str, Any] = CONVERTER.unstructure(event, unstructure_as=ClientEvent)
     return out
 
 
@@ -255,10 +259,13 @@ def server_event_encoder(cls: type[Any], type_name: str) -> Callable[[Any], dict
     return renamed
 
 
+_DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode  # built once, not per call
+
+
 def dumps(obj: Mapping[str, Any]) -> str:
     """Compact JSON text of a server event. ASCII-only, so a lone surrogate a client sent and
     that is echoed back still encodes as UTF-8; NaN is refused, as the spec's JSON has none."""
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return _DUMPS(obj)
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -441,9 +448,12 @@ def decode_audio_b64(
     if not s:
         raise refuse(codes.BAD_EVENT, "input_audio_buffer.append carries no audio")
     try:
-        data = base64.b64decode(s, validate=True)
-    except ValueError as exc:  # binascii.Error, or non-ASCII characters
-        raise refuse(codes.BAD_AUDIO, f"audio is not valid base64: {exc}") from None
+        data = pybase64.b64decode(s, validate=True)
+    except ValueError:
+        try:  # the standard library's words for what is wrong (pybase64 decodes only faster)
+            data = base64.b64decode(s, validate=True)
+        except ValueError as exc:  # binascii.Error, or non-ASCII characters
+            raise refuse(codes.BAD_AUDIO, f"audio is not valid base64: {exc}") from None
     if not data:
         raise refuse(codes.BAD_EVENT, "input_audio_buffer.append carries no audio")
     return data
@@ -662,3 +672,55 @@ def _ga_output_format(value: Any, *, ctx: dict[str, Any]) -> str:
             **ctx,
         )
     return name
+
+
+# -- conversation items ------------------------------------------------------------------------
+TEXT_PART_TYPES: Final = frozenset({"input_text", "output_text", "text"})
+MAX_TEXT_ITEM_CHARS: Final = 64 * 1024
+
+
+def text_item(event: ConversationItemCreate) -> tuple[str, str, str | None]:
+    """``(role, text, item id or None)`` of a ``conversation.item.create`` that adds a text
+    message; anything else (another item type, audio or image parts, no text) refuses it with
+    ``invalid_value`` naming what is not taken."""
+
+    def refuse(message: str, param: str) -> ProtocolError:
+        return ProtocolError(
+            codes.INVALID_VALUE, message, param=param, event_type=event.TYPE, client_event_id=event.event_id
+        )
+
+    item = event.item
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise refuse(
+            f"only text message items are taken (a lockstep model reads no {clip(repr(kind), 64)} item)",
+            "item.type",
+        )
+    role = item.get("role")
+    if role not in ("user", "system", "developer", "assistant"):
+        raise refuse(
+            f"item.role must be user, system, developer or assistant, not {clip(repr(role), 64)}", "item.role"
+        )
+    item_id = item.get("id")
+    if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= MAX_EVENT_ID_CHARS):
+        raise refuse(f"item.id must be a string of 1 to {MAX_EVENT_ID_CHARS} characters", "item.id")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise refuse("item.content must be a non-empty list of text parts", "item.content")
+    texts = []
+    for part in content:
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in TEXT_PART_TYPES
+            or not isinstance(part.get("text"), str)
+        ):
+            kind = part.get("type") if isinstance(part, dict) else _json_type(part)
+            raise refuse(
+                f"only text parts are taken (input_text, output_text, text), not {clip(repr(kind), 64)}",
+                "item.content",
+            )
+        texts.append(part["text"])
+    text = "".join(texts)
+    if len(text) > MAX_TEXT_ITEM_CHARS:
+        raise refuse(f"an item's text is at most {MAX_TEXT_ITEM_CHARS} characters", "item.content")
+    return role, text, item_id

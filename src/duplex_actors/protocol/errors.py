@@ -28,6 +28,10 @@ MODEL_NOT_FOUND: Final = "model_not_found"
 RESPONSE_CANCEL_NOT_ACTIVE: Final = "response_cancel_not_active"
 COMMIT_UNSUPPORTED: Final = "commit_unsupported"
 RESPONSE_CREATE_UNSUPPORTED: Final = "response_create_unsupported"
+# OpenAI's code for a response.create while a response is active: the stock route's answer (the
+# lockstep response is always active), which voice-agent frameworks tolerate.
+CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE: Final = "conversation_already_has_active_response"
+ITEM_RETRIEVE_INVALID_ITEM_ID: Final = "item_retrieve_invalid_item_id"  # OpenAI's code
 INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code (spec §8)
 INVALID_EVENT_ACK: Final = "invalid_event_ack"
 CONFIG_TIMEOUT: Final = "config_timeout"
@@ -54,6 +58,8 @@ CODES: Final[tuple[str, ...]] = (
     RESPONSE_CANCEL_NOT_ACTIVE,
     COMMIT_UNSUPPORTED,
     RESPONSE_CREATE_UNSUPPORTED,
+    CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+    ITEM_RETRIEVE_INVALID_ITEM_ID,
     INPUT_AUDIO_BUFFER_EMPTY,
     INVALID_EVENT_ACK,
     CONFIG_TIMEOUT,

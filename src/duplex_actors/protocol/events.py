@@ -140,7 +140,43 @@ class SessionCreate:
     event_id: str | None = None
 
 
-RealtimeClientEvent = (
+@attrs.frozen(slots=True)
+class ConversationItemTruncate:
+    """The client played ``audio_end_ms`` of an assistant item's audio (Realtime only): recorded
+    in the session log and answered with ``conversation.item.truncated``; the model's context
+    is not changed (it heard its own output as it was produced)."""
+
+    TYPE: ClassVar[str] = "conversation.item.truncate"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ConversationItemCreate:
+    """A conversation item (Realtime only). A text ``message`` (``role`` user, system,
+    developer or assistant; ``content`` parts of type ``input_text``, ``output_text`` or
+    ``text``) is taken; any other item is refused (``invalid_value``). ``previous_item_id`` is
+    accepted and not used: items go at the end of the conversation."""
+
+    TYPE: ClassVar[str] = "conversation.item.create"
+    item: dict[str, Any]
+    previous_item_id: str | None = None
+    event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ConversationItemRetrieve:
+    """Ask for an item as the server holds it (Realtime only): ``conversation.item.retrieved``,
+    or ``item_retrieve_invalid_item_id`` for an item the session does not know."""
+
+    TYPE: ClassVar[str] = "conversation.item.retrieve"
+    item_id: str
+    event_id: str | None = None
+
+
+_COMMON_CLIENT_EVENTS = (
     SessionUpdate
     | InputAudioBufferAppend
     | InputAudioBufferClear
@@ -153,10 +189,13 @@ RealtimeClientEvent = (
     | PlaybackAck
     | SessionEventAck
 )
-NativeClientEvent = RealtimeClientEvent | SessionCreate
-ClientEvent = NativeClientEvent
+RealtimeClientEvent = (
+    _COMMON_CLIENT_EVENTS | ConversationItemTruncate | ConversationItemCreate | ConversationItemRetrieve
+)
+NativeClientEvent = _COMMON_CLIENT_EVENTS | SessionCreate
+ClientEvent = RealtimeClientEvent | SessionCreate
 
-REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
+_COMMON_CLIENT_CLASSES: tuple[type[Any], ...] = (
     SessionUpdate,
     InputAudioBufferAppend,
     InputAudioBufferClear,
@@ -169,7 +208,14 @@ REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
     PlaybackAck,
     SessionEventAck,
 )
-NATIVE_CLIENT_EVENTS: tuple[type[Any], ...] = (*REALTIME_CLIENT_EVENTS, SessionCreate)
+REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
+    *_COMMON_CLIENT_CLASSES,
+    ConversationItemTruncate,
+    ConversationItemCreate,
+    ConversationItemRetrieve,
+)
+NATIVE_CLIENT_EVENTS: tuple[type[Any], ...] = (*_COMMON_CLIENT_CLASSES, SessionCreate)
+CLIENT_EVENTS: tuple[type[Any], ...] = (*REALTIME_CLIENT_EVENTS, SessionCreate)
 
 
 # -- Realtime server events: nested objects ---------------------------------------------------
@@ -211,19 +257,34 @@ class ItemContent:
 
 
 @attrs.frozen(slots=True)
+class TextContent:
+    """A text part of a message item: ``input_text`` (user, system) or ``output_text`` (assistant)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+@attrs.frozen(slots=True)
 class Item:
+    """A message of the conversation: the assistant's audio (its responses), or a text message
+    a client added (``conversation.item.create``)."""
+
     id: str
     object: Literal["realtime.item"]
     type: Literal["message"]
-    role: Literal["assistant"]
-    status: Literal["in_progress", "incomplete"]
-    content: list[ItemContent]
+    role: Literal["assistant", "user", "system"]
+    status: Literal["in_progress", "incomplete", "completed"]
+    content: list[ItemContent | TextContent]
 
 
 @attrs.frozen(slots=True)
 class StatusDetails:
+    """``reason``: on ``/v1/realtime`` one of OpenAI's (``client_cancelled``, or null for a
+    response ended by the session's close); with ``?duplex=1`` the session's own
+    (``client_cancelled``, ``output_audio_buffer_clear``, ``session_closed``)."""
+
     type: Literal["cancelled"]
-    reason: str
+    reason: str | None
 
 
 @attrs.frozen(slots=True)
@@ -460,6 +521,28 @@ class RealtimeConversationItemDone:
 
 
 @attrs.frozen(slots=True)
+class RealtimeConversationItemTruncated:
+    """The answer to ``conversation.item.truncate``."""
+
+    TYPE: ClassVar[str] = "conversation.item.truncated"
+    event_id: str
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+
+
+@attrs.frozen(slots=True)
+class RealtimeConversationItemRetrieved:
+    """The answer to ``conversation.item.retrieve``."""
+
+    TYPE: ClassVar[str] = "conversation.item.retrieved"
+    event_id: str
+    item: Item
+    server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
+
+
+@attrs.frozen(slots=True)
 class RealtimeResponseDone:
     TYPE: ClassVar[str] = "response.done"
     event_id: str
@@ -563,6 +646,8 @@ REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
     RealtimeContentPartDone,
     RealtimeOutputItemDone,
     RealtimeConversationItemDone,
+    RealtimeConversationItemTruncated,
+    RealtimeConversationItemRetrieved,
     RealtimeResponseDone,
     RealtimeRateLimitsUpdated,
     RealtimeSpeechStarted,

@@ -33,10 +33,11 @@ an instance of its :mod:`.events` class (``Native*``), sent as ``codec.encode_se
 
 from __future__ import annotations
 
-import base64
 import struct
 from collections.abc import Mapping
 from typing import Any, Final, Literal, cast
+
+import pybase64
 
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
@@ -179,7 +180,7 @@ class NativeProjection:
                 response_id=frame.response_id,
                 epoch=frame.epoch,
                 frame_index=frame.frame_index,
-                audio=base64.b64encode(frame.pcm16).decode("ascii"),
+                audio=pybase64.b64encode(frame.pcm16).decode("ascii"),
                 text=frame.text,
                 input_samples_end=frame.input_samples_end,
             )

@@ -25,8 +25,18 @@ limit, which never happens here.
 every event but ``session.created`` carries ``server_event_seq`` (1, 2, ... counted over what
 this projection sends, so a replay of the log reproduces it), each response's first audio delta
 is preceded by ``response.speak``, and each delta's ``metadata`` adds ``session_id``,
-``model_speak``, ``end_of_turn`` and the ``vllm_omni`` runtime flags. Without it the messages
-are exactly OpenAI's.
+``model_speak``, ``end_of_turn`` and the ``vllm_omni`` runtime flags.
+
+Without it (the stock ``/v1/realtime``) every event the server sends on its own or in answer to
+OpenAI's client events is one that openai-python's server-event types validate: no
+``session.closing``, ``session.closed`` only in answer to the client's own ``session.close``,
+``response.done`` reasons mapped onto OpenAI's (``output_audio_buffer_clear`` is the client's
+cancel, ``client_cancelled``; a response ended by the close has no reason),
+``output_audio_buffer.cleared`` always naming a response (the last one; nothing before the
+first), and the failed cancel worded as OpenAI words it. ``session.heartbeat_ack``,
+``playback.acknowledged`` and ``input_audio_buffer.alignment`` answer the server's own
+extensions (``session.heartbeat``, ``playback.ack``, ``duplex.alignment: "client"``), which an
+OpenAI client never uses.
 
 The projection builds the :mod:`.events` classes and sends what the one converter makes of
 them (``codec.server_event_encoder``: ``type`` first, the beta name for beta clients). Every
@@ -38,12 +48,12 @@ frame far below 1 MiB.
 
 from __future__ import annotations
 
-import base64
 import secrets
 from collections.abc import Mapping
 from typing import Any, Final, Literal, cast
 
 import attrs
+import pybase64
 
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..session import events as ev
@@ -53,6 +63,15 @@ from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_
 from .errors import ProtocolError, clip, error_type
 
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
+# The stock route's response.done reasons: OpenAI's types know client_cancelled (and
+# turn_detected, max_output_tokens, content_filter); a close is no reason they define.
+_STOCK_REASONS: Final[dict[str, str | None]] = {
+    "client_cancelled": "client_cancelled",
+    "output_audio_buffer_clear": "client_cancelled",
+    "session_closed": None,
+}
+# OpenAI's words for a cancel with no response (LiveKit's plugin drops errors that start so).
+STOCK_CANCEL_NOT_ACTIVE: Final = "Cancellation failed: no active response found"
 _VLLM_OMNI_RUNTIME: Final = wire.VllmOmniRuntime("scheduler_data_plane", True, True)
 
 
@@ -129,7 +148,9 @@ class RealtimeProjection:
             if (name := wire.wire_type(cls, beta=beta)) is not None
         }
         self._content_type: Literal["audio", "output_audio"] = "audio" if beta else "output_audio"
+        self._last_item_id: str | None = None  # the conversation's last item (previous_item_id)
         self._previous_item_id: str | None = None  # the item before the current response's
+        self._last_response_id: str | None = None
         self._pending: list[ev.AudioFrame] = []
         self._server_event_seq = 0  # duplex: the last server_event_seq sent
         self._spoken: str | None = None  # duplex: the response whose response.speak was sent
@@ -174,17 +195,26 @@ class RealtimeProjection:
     def _item(
         self, item_id: str, status: Literal["in_progress", "incomplete"], transcript: str | None
     ) -> wire.Item:
-        content = [] if transcript is None else [wire.ItemContent(self._content_type, transcript)]
+        content: list[wire.ItemContent | wire.TextContent] = (
+            [] if transcript is None else [wire.ItemContent(self._content_type, transcript)]
+        )
         return wire.Item(item_id, "realtime.item", "message", "assistant", status, content)
+
+    def _text_item(self, event: ev.TextItemAdded) -> wire.Item:
+        # OpenAI's Realtime items have no developer role: a developer text is a system message.
+        role: Literal["assistant", "user", "system"] = (
+            "assistant" if event.role == "assistant" else "user" if event.role == "user" else "system"
+        )
+        part = wire.TextContent("output_text" if role == "assistant" else "input_text", event.text)
+        return wire.Item(event.item_id, "realtime.item", "message", role, "completed", [part])
 
     def _response(
         self,
         response_id: str,
         status: Literal["in_progress", "cancelled"],
-        reason: str | None,
+        details: wire.StatusDetails | None,
         output: list[wire.Item],
     ) -> wire.Response:
-        details = None if reason is None else wire.StatusDetails("cancelled", reason)
         if self.beta:
             return wire.Response(
                 response_id, "realtime.response", status, details, output, modalities=["audio", "text"]
@@ -204,8 +234,11 @@ class RealtimeProjection:
         """An ``error`` event for a refusal the app answers itself (no session record)."""
         return self.error_event(exc.code, exc.message, exc.client_event_id, exc.param)
 
-    def closing_event(self, reason: str) -> dict[str, Any]:
-        """``session.closing``: the server is draining; ``session.closed`` follows."""
+    def closing_event(self, reason: str) -> dict[str, Any] | None:
+        """``session.closing``: the server is draining; ``session.closed`` follows. None on the
+        stock route (no such OpenAI event: the close code says it)."""
+        if not self.duplex:
+            return None
         return self._encode(wire.RealtimeSessionClosing(self._id(), self.session_id, reason))
 
     # -- the projection ------------------------------------------------------------------------
@@ -244,7 +277,32 @@ class RealtimeProjection:
             case ev.InputCleared():
                 self._emit(out, wire.RealtimeInputAudioBufferCleared(self._id()))
             case ev.OutputCleared():
-                self._emit(out, wire.RealtimeOutputAudioBufferCleared(self._id(), response_id=None))
+                if self.duplex:
+                    self._emit(out, wire.RealtimeOutputAudioBufferCleared(self._id(), response_id=None))
+                elif self._last_response_id is not None:  # OpenAI's names a response
+                    self._emit(out, wire.RealtimeOutputAudioBufferCleared(self._id(), self._last_response_id))
+            case ev.ItemTruncated():
+                self._emit(
+                    out,
+                    wire.RealtimeConversationItemTruncated(
+                        self._id(), event.item_id, event.content_index, event.audio_end_ms
+                    ),
+                )
+            case ev.ItemRetrieved():
+                if event.audio:
+                    status: Literal["in_progress", "incomplete"] = (
+                        "incomplete" if event.done else "in_progress"
+                    )
+                    item = self._item(event.item_id, status, event.text[:MAX_TRANSCRIPT_CHARS])
+                else:
+                    item = self._text_item(ev.TextItemAdded(event.item_id, event.role, event.text, False))
+                self._emit(out, wire.RealtimeConversationItemRetrieved(self._id(), item))
+            case ev.TextItemAdded():
+                item = self._text_item(event)
+                previous, self._last_item_id = self._last_item_id, event.item_id
+                self._emit(out, wire.RealtimeConversationItemAdded(self._id(), previous, item))
+                if self._sends(wire.RealtimeConversationItemDone):
+                    self._emit(out, wire.RealtimeConversationItemDone(self._id(), previous, item))
             case ev.HeartbeatAck():
                 self._emit(out, wire.RealtimeHeartbeatAck(self._id(), event.client_event_id))
             case ev.PlaybackAcknowledged():
@@ -253,15 +311,21 @@ class RealtimeProjection:
                     wire.RealtimePlaybackAcknowledged(self._id(), event.client_event_id, dict(event.payload)),
                 )
             case ev.Error():
-                out.append(self.error_event(event.code, event.message, event.client_event_id, event.param))
+                message = event.message
+                if not self.duplex and event.code == "response_cancel_not_active":
+                    message = STOCK_CANCEL_NOT_ACTIVE
+                out.append(self.error_event(event.code, message, event.client_event_id, event.param))
             case ev.SessionClosed():
                 self._flush(out)
-                self._emit(out, wire.RealtimeSessionClosed(self._id(), event.session_id, event.reason))
+                if self.duplex or event.reason == "client_close":
+                    self._emit(out, wire.RealtimeSessionClosed(self._id(), event.session_id, event.reason))
                 self.closed = True
         return out
 
     def _started(self, event: ev.ResponseStarted, out: list[dict[str, Any]]) -> None:
         rid, item_id = event.response_id, event.item_id
+        self._previous_item_id, self._last_item_id = self._last_item_id, item_id
+        self._last_response_id = rid
         self._emit(
             out, wire.RealtimeResponseCreated(self._id(), self._response(rid, "in_progress", None, []))
         )
@@ -304,7 +368,7 @@ class RealtimeProjection:
                 item_id,
                 0,
                 0,
-                delta=base64.b64encode(self._output.encode(pcm)).decode("ascii"),
+                delta=pybase64.b64encode(self._output.encode(pcm)).decode("ascii"),
                 sample_rate_hz=self._output.rate,
                 metadata=metadata,
                 format=self._output.format,
@@ -327,7 +391,7 @@ class RealtimeProjection:
         self._emit(out, wire.RealtimeOutputItemDone(self._id(), rid, 0, item))
         if self._sends(wire.RealtimeConversationItemDone):
             self._emit(out, wire.RealtimeConversationItemDone(self._id(), self._previous_item_id, item))
-        response = self._response(rid, "cancelled", event.reason, [item])
+        reason = event.reason if self.duplex else _STOCK_REASONS.get(event.reason, "client_cancelled")
+        response = self._response(rid, "cancelled", wire.StatusDetails("cancelled", reason), [item])
         self._emit(out, wire.RealtimeResponseDone(self._id(), response))
         self._emit(out, wire.RealtimeRateLimitsUpdated(self._id(), rate_limits=[]))
-        self._previous_item_id = item_id

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from ..log import records as r
 from ..model.engine import ModelEngine
 from ..model.errors import ModelError
+from ..model.memory import DTYPES
 from ..session import events as ev
 from .replayer import (
     ReplayReport,
@@ -89,21 +90,27 @@ class EngineCache:
     ``batch_width`` overrides it; the context policy and its pin cap are the log's (a log that
     names none was served with moshi's ring)."""
 
-    def __init__(self, spec: str | None, device: str, force: bool, batch_width: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: str | None,
+        device: str,
+        force: bool,
+        batch_width: int | None = None,
+        dtype: str | None = None,
+    ) -> None:
         self.spec = spec
         self.device = device
+        self.dtype = dtype  # None: the dtype each log was served in (its header's)
         self.force = force
         self.batch_width = batch_width
         self._engines: dict[tuple[str, str, str, int, str, int | None], ModelEngine] = {}
 
     def for_header(self, header: r.Header) -> ModelEngine:
-        import torch
-
         from ..model.factory import open_engine
 
         spec = self.spec or header.model_id
         family = (header.engine or {}).get("family")
-        dtype = header.dtype or "float32"
+        dtype = self.dtype or header.dtype or "float32"
         width = self.batch_width or logged_batch_width(header)
         policy, pin_max = logged_context_policy(header)
         key = (spec, family or "", dtype, width, policy, pin_max)
@@ -112,7 +119,7 @@ class EngineCache:
                 spec,
                 slots=width,
                 device=self.device,
-                dtype=getattr(torch, dtype),
+                dtype=dtype,
                 family=family,
                 context_policy=policy,
                 pin_max=pin_max,
@@ -207,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
+        "--dtype",
+        choices=[d for d in DTYPES if d != "auto"],
+        default=None,
+        help="model replay: the model's dtype (default: the one each log was served in, as its "
+        "header records; another dtype is not exact)",
+    )
+    parser.add_argument(
         "--batch-width",
         type=_positive_int,
         default=None,
@@ -241,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(files) > 1 and (args.emit or args.wav or args.dump):
         print("duplex-replay: --emit, --wav and --dump take a single log", file=sys.stderr)
         return 2
-    if args.batch_width is not None and args.model is None:
-        print("duplex-replay: --batch-width needs --model", file=sys.stderr)
-        return 2
+    for flag, value in (("--batch-width", args.batch_width), ("--dtype", args.dtype)):
+        if value is not None and args.model is None:
+            print(f"duplex-replay: {flag} needs --model", file=sys.stderr)
+            return 2
     engines = (
-        EngineCache(args.model or None, args.device, args.force, args.batch_width)
+        EngineCache(args.model or None, args.device, args.force, args.batch_width, args.dtype)
         if args.model is not None
         else None
     )

@@ -29,6 +29,7 @@ from ..log import records as r
 from ..log.segment import LogCorruption, ReadResult, TornTail, read_records
 from ..model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY, ModelEngine
 from ..model.family import detect_family
+from ..model.voices import AliasedVoices
 from ..session import events as ev
 from ..session.core import Emit, ResetSlot, SessionCore, SessionLimits, SubmitFrame
 
@@ -134,7 +135,9 @@ def logged_context_policy(header: r.Header) -> tuple[str, int | None]:
 
 def _core_for(header: r.Header) -> SessionCore:
     engine = header.engine or {}
-    policy = detect_family(list(engine.get("voices", [])), engine.get("family"))
+    family = detect_family(list(engine.get("voices", [])), engine.get("family"))
+    aliases = engine.get("voice_aliases")
+    policy: Any = AliasedVoices(family, dict(aliases)) if aliases else family
     limits = engine.get("limits", {})
     return SessionCore(
         header.session_id,

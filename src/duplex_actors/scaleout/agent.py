@@ -44,17 +44,18 @@ def agent_status(holder: Any) -> str:
         return down(f"model failed: {holder.error}")
     server = holder.server
     if server is None:
-        return down("the model is loading")
+        startup = getattr(holder, "startup", None)
+        phase = startup.current if startup is not None else None
+        return down("the model is loading" + (f" ({phase.name})" if phase is not None else ""))
     scheduler = server.scheduler
-    if scheduler.failed is not None:
+    if scheduler.failed is not None or getattr(getattr(scheduler, "status", None), "failed", None):
         return down("the model scheduler failed")
     if not server.writer.healthy:
         return down("a session log could not be written")
     if holder.draining or holder.paused:
         return "drain"
-    table = scheduler.table
-    releasing = sum(1 for entry in table.slots if entry.releasing)
-    free_plus_active = table.free + table.in_use - releasing
+    # Slots a session holds or could take: all but those being reset after their session ended.
+    free_plus_active = scheduler.slots_total - scheduler.slots_releasing
     # maxconn:0 would mean "unlimited" to HAProxy: never send it.
     return f"up ready maxconn:{max(1, free_plus_active)}"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import attrs
@@ -124,6 +124,10 @@ class Scheduler:
         self._held_ticks: deque[int] = deque(maxlen=HELD_TICKS_KEPT)
         self._grid: Grid | None = None
         self.table = SlotTable(engine.slots)
+        # The policy's view of each slot, rebuilt only for the slots that changed since the last
+        # wake-up (``_touch``): a wake-up costs what changed, not what the table holds.
+        self._views: list[SlotView] = [SlotView(i, queued=0) for i in range(engine.slots)]
+        self._changed: set[int] = set()
         self._wake = trio.Event()
         self._released: dict[int, trio.Event] = {}
         self._releasing_since: dict[int, float] = {}  # slot -> when its occupant released it
@@ -147,12 +151,18 @@ class Scheduler:
         self._drained = 0
         self._wait_sum = 0.0
         self._wait_hist = [0] * len(WAIT_BUCKETS)
+        # Called after a step's results (or its failure) were handed to every occupant, and
+        # after a slot's reset for an epoch was applied: the engine core flushes its links there.
+        self.after_step: list[Callable[[], None]] = []
+        self.after_reset: list[Callable[[int, int], None]] = []
 
     # -- the API sessions use (never blocks) ------------------------------------------------------
     def admit(self, occupant: Occupant) -> int:
         if self.failed is not None:
             raise SchedulerFailed(f"the model scheduler failed: {self.failed}")
         slot = self.table.acquire(occupant)
+        if slot is not None:
+            self._touch(slot.index)
         if slot is None:
             raise ResourceExhausted(f"all {self.engine.slots} sessions are in use; try again later")
         # The slot may be freed and taken again between two steps: the policy's memory of the
@@ -160,18 +170,50 @@ class Scheduler:
         self._policy_state = self._policy_state.fresh(slot.index)
         return slot.index
 
+    async def admit_slot(self) -> int:
+        """:meth:`admit` for a session not created yet (:meth:`occupy` names it); no checkpoint."""
+        return self.admit(_Unoccupied())
+
+    def occupy(self, slot: int, occupant: Occupant) -> None:
+        self.table.slots[slot].occupant = occupant
+
+    def free_unused(self, slot: int) -> None:
+        """A slot admitted for a session that never opened (nothing to reset)."""
+        self.table.free_slot(self.table.slots[slot])
+        self._touch(slot)
+
+    @property
+    def slots_total(self) -> int:
+        return self.engine.slots
+
+    @property
+    def slots_free(self) -> int:
+        return self.table.free
+
+    @property
+    def slots_releasing(self) -> int:
+        return sum(1 for entry in self.table.slots if entry.releasing)
+
     def submit_nowait(
-        self, slot: int, frame_index: int, samples: npt.NDArray[np.float32], padded: bool = False
+        self,
+        slot: int,
+        frame_index: int,
+        samples: npt.NDArray[np.float32],
+        padded: bool = False,
+        at: float | None = None,
     ) -> None:
-        """Queue a complete frame (``padded``: it holds alignment pad samples, see SlotView)."""
+        """Queue a complete frame (``padded``: it holds alignment pad samples, see SlotView;
+        ``at``: when it was complete, if not now)."""
         entry = self.table.slots[slot]
-        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now(), padded))
+        entry.frames.append(QueuedFrame(frame_index, samples, self.clock.now() if at is None else at, padded))
+        self._touch(slot)
         self._wake.set()
 
     def request_reset(self, slot: int, epoch: int, prompt: SessionPrompt | None) -> None:
         """Fresh, prefilled context for ``epoch``; queued frames are carried into it."""
         entry = self.table.slots[slot]
         request = entry.pending_reset = (epoch, prompt)
+        self._touch(slot)
         self._ready_resets.discard(slot)
         if prompt is None or self._nursery is None:
             self._ready_resets.add(slot)
@@ -208,6 +250,7 @@ class Scheduler:
         entry = self.table.slots[slot]
         done = self._released.setdefault(slot, trio.Event())
         entry.releasing = True
+        self._touch(slot)
         self._releasing_since.setdefault(slot, self.clock.now())
         self._wake.set()
         if self.failed is not None:
@@ -297,22 +340,25 @@ class Scheduler:
         overdue = now - min(self._releasing_since.values()) >= RELEASE_DEFER_S
         return prompts, overdue and self._forced_release_after != self._ticks
 
+    def _touch(self, slot: int) -> None:
+        self._changed.add(slot)
+
     def _view(self) -> SchedulerView:
         # The policies read a slot's two oldest completion times (the queue is in completion
         # order): a client far ahead of real time must not cost a long tuple per wake-up.
-        views = []
-        for e in self.table.slots:
+        views = self._views
+        for index in self._changed:
+            e = self.table.slots[index]
             head = [e.frames[i] for i in range(min(2, len(e.frames)))]
-            views.append(
-                SlotView(
-                    e.index,
-                    active=e.active,
-                    reset_pending=e.pending_reset is not None,
-                    frames=tuple(f.submitted_at for f in head),
-                    padded=tuple(f.padded for f in head),
-                    queued=len(e.frames),
-                )
+            views[index] = SlotView(
+                e.index,
+                active=e.active,
+                reset_pending=e.pending_reset is not None,
+                frames=tuple(f.submitted_at for f in head),
+                padded=tuple(f.padded for f in head),
+                queued=len(e.frames),
             )
+        self._changed.clear()
         return SchedulerView(
             slots=tuple(views),
             recent_steps=tuple(self._recent_steps),
@@ -356,7 +402,10 @@ class Scheduler:
                 entry.epoch, entry.prompt = epoch, prompt
                 if entry.pending_reset is request:
                     entry.pending_reset = None
+                    self._touch(entry.index)
                     self._ready_resets.discard(entry.index)
+                    for listener in self.after_reset:
+                        listener(entry.index, epoch)
                 self._resets += 1
         if not releases:
             return
@@ -384,6 +433,7 @@ class Scheduler:
         for i, f in enumerate(entry.frames):
             if f.frame_index == chosen:
                 del entry.frames[i]
+                self._touch(entry.index)
                 self._drained += 1
                 return
         raise AssertionError(f"slot {entry.index}: drained frame {chosen} was not queued")
@@ -392,6 +442,7 @@ class Scheduler:
         self._dropped["reset_failed"] += len(entry.frames)
         entry.frames.clear()
         entry.pending_reset = None
+        self._touch(entry.index)
         self._ready_resets.discard(entry.index)
         if entry.occupant is not None:
             entry.occupant.reset_failed(exc)
@@ -400,6 +451,7 @@ class Scheduler:
         self._ready_resets.discard(entry.index)
         self._releasing_since.pop(entry.index, None)
         self.table.free_slot(entry)
+        self._touch(entry.index)
         done = self._released.pop(entry.index, None)
         if done is not None:
             done.set()
@@ -412,6 +464,7 @@ class Scheduler:
             entry = self.table.slots[index]
             assert self._steppable(entry) and entry.frames, "the policy picked a slot it saw"
             frame = entry.frames.popleft()
+            self._touch(index)
             assert entry.occupant is not None
             batch[entry.index] = frame.samples
             routes.append((entry.index, entry.occupant, entry.epoch, frame.frame_index))
@@ -448,7 +501,10 @@ class Scheduler:
                 entry = self.table.slots[index]
                 self._dropped["step_failed"] += len(entry.frames)
                 entry.frames.clear()
+                self._touch(index)
                 occupant.step_failed(exc)
+            for listener in self.after_step:
+                listener()
             return
         elapsed = self.clock.now() - started
         self._recent_steps.append(elapsed)
@@ -459,6 +515,24 @@ class Scheduler:
         self._step_hist[_bucket(STEP_BUCKETS, elapsed)] += 1
         for index, occupant, epoch, frame_index in routes:
             occupant.deliver_nowait(StepResult(epoch, frame_index, outputs[index]))
+        for listener in self.after_step:
+            listener()
+
+
+class _Unoccupied:
+    """The occupant of a slot admitted before its session exists (no frame can reach it)."""
+
+    def deliver_nowait(self, result: StepResult) -> None:
+        raise AssertionError("a step result for a slot whose session is not open yet")
+
+    def reset_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a reset for a slot whose session is not open yet")
+
+    def step_failed(self, exc: BaseException) -> None:
+        raise AssertionError("a step for a slot whose session is not open yet")
+
+    def drain_nowait(self, queued: object) -> int | None:
+        raise AssertionError("a drain for a slot whose session is not open yet")
 
 
 def _rms(samples: npt.NDArray[np.float32]) -> float:

@@ -12,7 +12,7 @@ submit frames and resets to the scheduler (never blocking), emit events to a bou
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,6 +103,7 @@ class SessionActor:
         max_commands: int = 256,
         counters: Counters | None = None,
         aligner: Aligner | None = None,
+        burst_floor_ms: Callable[[], float] | None = None,
     ) -> None:
         self.core = core
         self.slot = slot
@@ -126,6 +127,7 @@ class SessionActor:
             aligner if aligner is not None else Aligner(max_total_pad_samples=core.limits.max_pad_samples)
         )
         self._tail_before_pad: int | None = None  # the tail before a client pad, for its append
+        self._burst_floor_ms = burst_floor_ms  # the server's pre-tick burst, for the aligner
 
     @property
     def session_id(self) -> str:
@@ -133,11 +135,8 @@ class SessionActor:
 
     # -- the Occupant interface of the scheduler -------------------------------------------------
     def deliver_nowait(self, result: Any) -> None:
-        if self.inbox.closed:  # stepped while the session ended: count it as dropped
-            self._count_dropped_at_close(1)
-            return
         out = result.output
-        self.inbox.put_result_nowait(
+        self.deliver_record_nowait(
             r.Step(
                 epoch=result.epoch,
                 frame_index=result.frame_index,
@@ -149,6 +148,13 @@ class SessionActor:
                 pcm16=float_to_pcm16(out.pcm),
             )
         )
+
+    def deliver_record_nowait(self, record: r.Step) -> None:
+        """A step result as its log record (the engine core's link sends them so)."""
+        if self.inbox.closed:  # stepped while the session ended: count it as dropped
+            self._count_dropped_at_close(1)
+            return
+        self.inbox.put_result_nowait(record)
 
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
@@ -194,6 +200,14 @@ class SessionActor:
         ordinal = self.inbox.commands_put
         while self._commands_done < ordinal and not self.done.is_set():
             await self._progress.wait()
+
+    def send_nowait(self, record: r.Record) -> None:
+        """Queue a command that is not an append without waiting (the opening's records, into
+        an inbox that has room for them); ``RuntimeError`` when the inbox is full."""
+        if isinstance(record, r.Append):
+            raise TypeError("appends go through send() or send_append_nowait()")
+        if self.inbox.put_command_nowait(record) is None:
+            raise RuntimeError(f"session {self.session_id}: the inbox is full")
 
     def send_append_nowait(self, record: r.Append) -> bool:
         """Queue an append when that needs no wait (room in the inbox, the backlog within its
@@ -277,19 +291,30 @@ class SessionActor:
         ((frame_index, rms), oldest first) the lowest-energy frame (the oldest of equals) is
         dropped; its ``drain`` record goes through the inbox, so it is logged and applied in
         order with everything else. None: not drained (alignment off, or the session ending)."""
-        if (
-            not queued
-            or self.core.alignment == "off"
+        if not queued or not self.drainable():
+            return None
+        index = min(queued, key=lambda item: item[1])[0]
+        self.drained_nowait(index)
+        return index
+
+    def drainable(self) -> bool:
+        """Whether a queued frame of this session may be drained now."""
+        return not (
+            self.core.alignment == "off"
             or self.inbox.closed
             or self.log_error is not None
             or self.core.state not in (State.OPEN, State.RESPONDING)
-        ):
-            return None
-        index = min(queued, key=lambda item: item[1])[0]
-        self.inbox.put_result_nowait(r.Drain(index))
+        )
+
+    def drained_nowait(self, frame_index: int) -> bool:
+        """The scheduler dropped queued frame ``frame_index``: log and apply its ``drain``
+        record in order with everything else. False when the session has ended meanwhile."""
+        if self.inbox.closed:
+            return False
+        self.inbox.put_result_nowait(r.Drain(frame_index))
         if self.counters is not None:
             self.counters.dropped["drained"] += 1
-        return index
+        return True
 
     async def _align(self, record: r.Append, arrival: float) -> r.Record | None:
         """Ask the aligner about an append about to be logged; log its pad or hint first.
@@ -305,6 +330,8 @@ class SessionActor:
         refusal = self.core.refusal_for(record)
         if refusal is not None:
             return refusal
+        if self._burst_floor_ms is not None:
+            self.aligner.burst_floor_ms = self._burst_floor_ms()
         decision = self.aligner.before_append(
             arrival,
             self.scheduler.grid(),

@@ -186,6 +186,10 @@ class Aligner:
         self._client_pos = 0  # client samples appended so far (pads excluded)
         self._pending_pad = 0  # a client pad announced for the next append
         self._margin_ms = self.initial_margin_ms
+        # The least margin the server asks for whatever the lateness measured: the time its
+        # event loop takes to read the pre-tick burst of every session's append (set by the
+        # session actor before each append; 0 where nothing is known).
+        self.burst_floor_ms = 0.0
         self._restart("start")
 
     def _restart(self, reason: str) -> None:
@@ -219,7 +223,8 @@ class Aligner:
 
     @property
     def margin_ms(self) -> float:
-        return self._margin_ms
+        """The margin frames are aligned to: the measured one, at least the burst floor."""
+        return min(self.margin_max_ms, max(self._margin_ms, self.burst_floor_ms))
 
     @property
     def exhausted(self) -> bool:
@@ -350,7 +355,7 @@ class Aligner:
         if granule is None:
             return None
         period_ms = grid.period * 1000
-        latest = period_ms - self._margin_ms  # the latest acceptable completion phase
+        latest = period_ms - self.margin_ms  # the latest acceptable completion phase
         early_by = (latest - self._phase_ms(grid)) % period_ms
         if early_by <= granule / SAMPLES_PER_MS + self.realign_gain_ms + _EPS:
             return None  # late enough to wait little, early enough to make the tick
@@ -374,12 +379,12 @@ class Aligner:
             # A hint: a frame completed at the old phase already (the chunk is a frame), so
             # moving completions to a tick's margin puts the next frame in the same tick as that
             # one (a double, which costs a catch-up step); not worth it for a few ms of wait.
-            early_by = (period_ms - self._margin_ms - self._phase_ms(grid)) % period_ms
+            early_by = (period_ms - self.margin_ms - self._phase_ms(grid)) % period_ms
             if early_by <= granule / SAMPLES_PER_MS + self.hint_gain_ms + _EPS:
                 self._reason = reason
                 return None
         # How far to move completions earlier so that they land margin before the tick.
-        want_ms = (self._phase_ms(grid) + self._margin_ms) % period_ms
+        want_ms = (self._phase_ms(grid) + self.margin_ms) % period_ms
         pad = math.ceil(want_ms * SAMPLES_PER_MS / granule - _EPS) * granule % FRAME
         if pad == 0:
             self._reason = reason

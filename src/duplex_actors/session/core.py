@@ -8,10 +8,13 @@ state; it never performs I/O, reads a clock or draws random numbers.
 It owns: the session config and its validation (voice/persona changeable until the first
 frame is submitted to the model, then only the same value); fixed-frame input buffering (any
 chunk size in, every whole 1920-sample frame drained, partial tail kept, buffered input
-bounded); epochs (cancel and output-buffer clear end the response and start a fresh, prefilled
-context; frames already drained but not yet stepped are carried into the new epoch; input
-clear drops the partial frame only); the response lifecycle (one response per epoch, opened at
-the epoch's first output frame); and the ordered stream of dialect-neutral events.
+bounded); epochs (a cancel or output-buffer clear whose record says ``reset`` ends the response
+and starts a fresh, prefilled context; frames already drained but not yet stepped are carried
+into the new epoch; one without it ends the response only, and the model keeps its context; input
+clear drops the partial frame only); the response lifecycle (a response opens at the first
+output frame after the previous one ended); the conversation's text items (system ones before
+the first frame join the persona), truncations and retrievals; and the ordered stream of
+dialect-neutral events.
 
 Its life is explicit, h11-style: a :class:`State` and a table (:data:`ACCEPTS`) of the records
 each state takes. Nothing is ignored silently: a client's mistake is an ``error`` event with
@@ -41,6 +44,8 @@ from .events import alignment_mode
 
 SPEECH_RMS = 0.02  # ~ -34 dBFS: input_audio_buffer.speech_started, once per epoch
 SAMPLING_KEYS = ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
+# The session config fields the prompt is made of (``SessionCore._validated`` reads these only).
+VALIDATED_KEYS: Final = frozenset({"voice", "instructions", "extra_body", "duplex", *SAMPLING_KEYS})
 
 
 def _width(fmt: str) -> int:
@@ -104,6 +109,18 @@ def input_samples(record: r.Append) -> int:
 
 
 ALIGNMENT_MODES: Final = ("server", "client", "off")  # session config duplex.alignment
+# Session config duplex.cancel: what response.cancel and output_audio_buffer.clear do to an active
+# response besides ending it ("reset": the model's context too, a new epoch). The connection
+# reads it (its route's default when absent) and writes it on the cancel or clear record.
+CANCEL_MODES: Final = ("response", "reset")
+# conversation.item.create: the roles of a text message folded into the persona.
+PROMPT_ROLES: Final = frozenset({"system", "developer"})
+# The session config key that names the voice prompt an alias (``voice: "ash"``) resolved to.
+VOICE_PROMPT_KEY: Final = "voice_prompt"
+# Items a session remembers for conversation.item.retrieve (the latest; older ones are unknown).
+MAX_ITEMS_KEPT: Final = 64
+# Logs of this format version on open with what is valid in a refused opening config.
+PARTIAL_OPEN_FORMAT: Final = 5
 PAD_REASONS: Final = frozenset({"start", "clear", "drift", "margin", "client"})
 HINT_REASONS: Final = frozenset({"start", "clear", "drift", "margin"})
 # Output frames state ``input_samples_end`` from this log format version on.
@@ -121,6 +138,19 @@ def _check_duplex(config: Mapping[str, Any]) -> None:
         raise ConfigRefused(
             "invalid_value", f"duplex.alignment must be one of {', '.join(ALIGNMENT_MODES)}, not {mode!r}"
         )
+    cancel = duplex.get("cancel", "response")
+    if cancel not in CANCEL_MODES:
+        raise ConfigRefused(
+            "invalid_value", f"duplex.cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}"
+        )
+
+
+def cancel_resets(config: Mapping[str, Any], default: bool) -> bool:
+    """Whether a cancel or output clear in a session with ``config`` also resets the model's
+    context: its ``duplex.cancel``, else ``default`` (the route's)."""
+    duplex = config.get("duplex")
+    mode = duplex.get("cancel") if isinstance(duplex, Mapping) else None
+    return default if mode not in CANCEL_MODES else mode == "reset"
 
 
 # Room for the effective voice and persona, which the family may spell longer than the client.
@@ -158,6 +188,30 @@ def _size_of(entries: Mapping[str, int]) -> int:
 class _Refusal:
     code: str
     message: str
+
+
+_VOICE_LOCKED: Final = "the voice cannot change after the first audio frame reached the model"
+_PERSONA_LOCKED: Final = "the persona cannot change after the first audio frame reached the model"
+
+
+def _locked_refusal(locked: bool, prompt: Any, current: Any) -> _Refusal | None:
+    """The refusal of ``prompt`` once voice and persona are locked (else None)."""
+    if locked and prompt.voice != current.voice:
+        return _Refusal("voice_update_unsupported", _VOICE_LOCKED)
+    if locked and prompt.persona != current.persona:
+        return _Refusal("persona_update_unsupported", _PERSONA_LOCKED)
+    return None
+
+
+@attrs.frozen(slots=True)
+class _Outcome:
+    """An update the core takes: its prompt, the effective config (and its entries' sizes), and
+    the fields it refused (the rest was applied)."""
+
+    prompt: Any
+    effective: dict[str, Any]
+    entries: dict[str, int] | None
+    refused: tuple[_Refusal, ...] = ()
 
 
 # -- effects -----------------------------------------------------------------------------------
@@ -203,7 +257,19 @@ class State(enum.Enum):
 
 # What a live session takes from its client (the shell turns each wire command into one).
 _COMMANDS: Final = frozenset(
-    {r.Update, r.Append, r.ClearInput, r.ClearOutput, r.Cancel, r.Heartbeat, r.PlaybackAck, r.Rejected}
+    {
+        r.Update,
+        r.Append,
+        r.ClearInput,
+        r.ClearOutput,
+        r.Cancel,
+        r.Heartbeat,
+        r.PlaybackAck,
+        r.Rejected,
+        r.Truncate,
+        r.TextItem,
+        r.RetrieveItem,
+    }
 )
 # What the shell itself writes into a live session: step results, alignment, drains, the close.
 _SHELL: Final = frozenset({r.Step, r.Close, r.Pad, r.AlignHint, r.Drain})
@@ -254,6 +320,13 @@ class SessionCore:
         # same appends in the same order.
         self._input = InputStream()
         self._response: tuple[str, str] | None = None  # (response_id, item_id) of this epoch
+        # Responses started: a response's ids count them. One per epoch while every cancel
+        # resets, so the ids of those sessions are their epochs.
+        self._responses = 0
+        self._text_items = 0  # text items added (their server-made ids count them)
+        self._system_texts: list[str] = []  # system/developer texts folded into the persona
+        # item id -> (role, text, audio) of the latest items, for conversation.item.retrieve
+        self._items: dict[str, tuple[str, str, bool]] = {}
         self._response_frames = 0
         self._transcript: list[str] = []
         self._transcript_chars = 0
@@ -331,15 +404,30 @@ class SessionCore:
             case r.ClearOutput():
                 if self._response is None:
                     self._emit(out, ev.OutputCleared(record.client_event_id))
-                else:
+                elif record.reset:
                     self._new_epoch(out, "output_audio_buffer_clear", audio_cleared=True)
+                else:
+                    self._end_response(out, "output_audio_buffer_clear", audio_cleared=True)
             case r.Cancel():
                 if self._response is None:
                     self._error(
                         out, "response_cancel_not_active", "no response is active", record.client_event_id
                     )
-                else:
+                elif record.reset:
                     self._new_epoch(out, "client_cancelled", audio_cleared=False)
+                else:
+                    self._end_response(out, "client_cancelled", audio_cleared=False)
+            case r.Truncate():
+                self._emit(
+                    out,
+                    ev.ItemTruncated(
+                        record.item_id, record.content_index, record.audio_end_ms, record.client_event_id
+                    ),
+                )
+            case r.TextItem():
+                self._text_item(record, out)
+            case r.RetrieveItem():
+                self._retrieve(record, out)
             case r.Heartbeat():
                 self._emit(out, ev.HeartbeatAck(record.client_event_id))
             case r.PlaybackAck():
@@ -400,35 +488,114 @@ class SessionCore:
         """The prompt the family makes of ``config``; raises what the core would refuse it with."""
         return self._validated(config)
 
-    def _validated(self, config: Mapping[str, Any]) -> Any:
+    def folded_prompt(self, text: str) -> Any:
+        """The prompt a system or developer ``text`` added now would give (folded into the
+        persona), or None when it would not be folded (after the first frame) or the core
+        refuses it: the shell checks it against the model's context before logging it."""
+        if self.locked:
+            return None
+        try:
+            return self._validated(self.config, [*self._system_texts, text])
+        except Exception:
+            return None
+
+    def _validated(self, config: Mapping[str, Any], texts: list[str] | None = None) -> Any:
+        """The prompt of ``config``, with the session's folded system texts (or ``texts``)
+        after its instructions."""
         _check_duplex(config)
         sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
         extra = config.get("extra_body")
         if extra is not None and not isinstance(extra, Mapping):
             raise ConfigRefused("invalid_duplex_runtime_config", "extra_body must be an object")
+        texts = self._system_texts if texts is None else texts
+        persona = config.get("instructions")
+        if texts and (persona is None or isinstance(persona, str)):
+            persona = "\n".join([p for p in [(persona or "").strip()] if p] + texts)
         return self.policy.session_prompt(
             voice=config.get("voice"),
-            persona=config.get("instructions"),
+            persona=persona,
             sampling=sampling,
             extra=extra,
         )
 
     def _effective(self, config: Mapping[str, Any], prompt: Any) -> dict[str, Any]:
+        """The config echoed: ``voice`` and ``instructions`` as the model uses them, but a voice
+        alias as the client named it (with the voice prompt it resolved to under
+        ``VOICE_PROMPT_KEY``) and the instructions without the folded system texts."""
         effective = dict(config)
-        effective["voice"] = prompt.voice
-        effective["instructions"] = prompt.persona
+        asked = config.get("voice")
+        if isinstance(asked, str) and asked and asked != prompt.voice:
+            effective[VOICE_PROMPT_KEY] = prompt.voice
+        else:
+            effective["voice"] = prompt.voice
+            effective.pop(VOICE_PROMPT_KEY, None)
+        persona = prompt.persona
+        if self._system_texts:
+            persona = self._validated(config, []).persona
+        effective["instructions"] = persona
         return effective
+
+    def _split(
+        self, base: Mapping[str, Any], changes: Mapping[str, Any], prompt: Any
+    ) -> tuple[dict[str, Any], list[_Refusal]]:
+        """``changes`` field by field onto ``base``: each field that keeps the config valid is
+        taken, each that does not is refused with the reason (a voice refused takes
+        ``audio.output.voice`` with it). ``prompt``: the current one (None before the session
+        opens), whose voice and persona are fixed once locked."""
+        # Only the fields the prompt reads can be refused: they are checked one by one (a few
+        # checks, however many other keys the update holds), on those fields alone.
+        checked = {k: base[k] for k in VALIDATED_KEYS if k in base}
+        refused_keys: set[str] = set()
+        refused: list[_Refusal] = []
+        for key, value in changes.items():
+            if key not in VALIDATED_KEYS:
+                continue
+            try:
+                candidate = self._validated({**checked, key: value})
+            except Exception as exc:
+                refused.append(_Refusal(code_of(exc, "invalid_value"), f"{key}: {exc}"))
+                refused_keys.add(key)
+                continue
+            if prompt is not None and self.locked:
+                if candidate.voice != prompt.voice:
+                    refused.append(_Refusal("voice_update_unsupported", f"{key}: {_VOICE_LOCKED}"))
+                    refused_keys.add(key)
+                    continue
+                if candidate.persona != prompt.persona:
+                    refused.append(_Refusal("persona_update_unsupported", f"{key}: {_PERSONA_LOCKED}"))
+                    refused_keys.add(key)
+                    continue
+            checked[key] = value
+        taken = {k: v for k, v in changes.items() if k not in refused_keys}
+        audio = taken.get("audio")
+        if "voice" in changes and "voice" not in taken and isinstance(audio, Mapping):
+            output = audio.get("output")
+            if isinstance(output, Mapping) and "voice" in output:
+                rest = {k: v for k, v in output.items() if k != "voice"}
+                if rest or len(audio) > 1:
+                    taken["audio"] = {**audio, "output": rest}
+                else:  # the audio object held the refused voice only
+                    del taken["audio"]
+        return taken, refused
 
     def _open(self, record: r.Open, out: list[Effect]) -> None:
         self.state = State.OPEN
-        refusal: Exception | None = None
+        refused: list[_Refusal] = []
+        config = record.config
         try:
-            prompt = self._validated(record.config)
-            config = record.config
-        except Exception as exc:  # a bad opening config: open with defaults, then say why
-            refusal = exc
-            prompt = self._validated({})
-            config = {}
+            prompt = self._validated(config)
+        except Exception as exc:  # a bad opening config: open with what is valid, then say why
+            config, refused = {}, [_Refusal(code_of(exc, "invalid_value"), str(exc))]
+            if self.format_version is not None and self.format_version >= PARTIAL_OPEN_FORMAT:
+                taken, split = self._split({}, record.config, None)
+                if split:
+                    config, refused = taken, split
+            # (logs before PARTIAL_OPEN_FORMAT opened with the defaults, and replay so)
+            try:
+                prompt = self._validated(config)
+            except Exception:
+                config = {}
+                prompt = self._validated(config)
         self.prompt = prompt
         self.config = self._effective(config, prompt)
         self._config_entries = _entry_sizes(self.config)
@@ -437,70 +604,71 @@ class SessionCore:
         )
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
-        if refusal is not None:
-            self._error(out, code_of(refusal, "invalid_value"), str(refusal), record.client_event_id)
+        for refusal in refused:
+            self._error(out, refusal.code, refusal.message, record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
 
-    def _update_outcome(
-        self, record: r.Update
-    ) -> tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal:
-        """(prompt, effective config, its entry sizes) of an update the core takes, else (code,
-        message) of its refusal. Pure: ``refusal_for_update`` and ``_update`` share it (and
-        its memo: the same record in the same state has the same outcome)."""
+    def _update_outcome(self, record: r.Update) -> _Outcome | _Refusal:
+        """The outcome of an update the core takes (whole or in part), else the refusal of all
+        of it. Pure: ``refusal_for_update`` and ``_update`` share it (and its memo: the same
+        record in the same state has the same outcome)."""
         key = (record, self.config, self.locked)
         memo = self._outcome_memo
         if memo is not None and all(a is b for a, b in zip(memo[:3], key, strict=True)):
-            outcome: tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal = memo[3]
+            outcome: _Outcome | _Refusal = memo[3]
             return outcome
         outcome = self._compute_update_outcome(record)
         self._outcome_memo = (*key, outcome)
         return outcome
 
-    def _compute_update_outcome(
-        self, record: r.Update
-    ) -> tuple[Any, dict[str, Any], dict[str, int] | None] | _Refusal:
-        merged = {**self.config, **record.config}
+    def _compute_update_outcome(self, record: r.Update) -> _Outcome | _Refusal:
+        changes: Mapping[str, Any] = record.config
+        refused: list[_Refusal] = []
+        merged = {**self.config, **changes}
         try:
             prompt = self._validated(merged)
+            whole = _locked_refusal(self.locked, prompt, self.prompt)
         except Exception as exc:
-            return _Refusal(code_of(exc, "invalid_value"), str(exc))
-        if self.locked:
-            if prompt.voice != self.prompt.voice:
-                return _Refusal(
-                    "voice_update_unsupported",
-                    "the voice cannot change after the first audio frame reached the model",
-                )
-            if prompt.persona != self.prompt.persona:
-                return _Refusal(
-                    "persona_update_unsupported",
-                    "the persona cannot change after the first audio frame reached the model",
-                )
+            whole = _Refusal(code_of(exc, "invalid_value"), str(exc))
+        if whole is not None:
+            # A refused field never drops the rest: the update is taken field by field.
+            taken, refused = self._split(self.config, changes, self.prompt)
+            if not refused or (len(refused) == 1 and not taken):
+                return whole
+            if not taken:
+                return _Refusal(refused[0].code, "; ".join(f.message for f in refused))
+            changes = taken
+            merged = {**self.config, **changes}
+            prompt = self._validated(merged)
         effective = self._effective(merged, prompt)
-        update_entries = _entry_sizes(record.config)
+        update_entries = _entry_sizes(changes)
         entries: dict[str, int] | None = None
         if update_entries is not None and self._config_entries is not None:
             entries = {**self._config_entries, **update_entries}
-            entries["voice"] = _entry_size("voice", effective["voice"])
-            entries["instructions"] = _entry_size("instructions", effective["instructions"])
+            for name in ("voice", "instructions", VOICE_PROMPT_KEY):
+                if name in effective:
+                    entries[name] = _entry_size(name, effective[name])
+                else:
+                    entries.pop(name, None)
         # The merged config is at most the current one plus the update (plus the effective
         # voice and persona): only near the bound is it worth measuring whole.
         bound = self.limits.max_config_bytes
-        update_bytes = _size_of(update_entries) if update_entries is not None else _json_size(record.config)
+        update_bytes = _size_of(update_entries) if update_entries is not None else _json_size(changes)
         if self._config_bytes + update_bytes + CONFIG_SLACK_BYTES <= bound:
-            return prompt, effective, entries
+            return _Outcome(prompt, effective, entries, tuple(refused))
         size = _size_of(entries) if entries is not None else _json_size(effective)
         if size > bound:
             return _Refusal(
                 "invalid_value",
                 f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}",
             )
-        return prompt, effective, entries
+        return _Outcome(prompt, effective, entries, tuple(refused))
 
     def refusal_for_update(self, record: r.Update) -> r.Rejected | None:
         """The small ``rejected`` record to log instead of an update the core would refuse
-        (else None): a read-only query, as ``refusal_for`` is for appends, so a client sending
-        refused updates of any size costs the log a few bytes each; applying the record it
-        returns emits exactly the error applying ``record`` would."""
+        whole (else None): a read-only query, as ``refusal_for`` is for appends, so a client
+        sending refused updates of any size costs the log a few bytes each; applying the record
+        it returns emits exactly the error applying ``record`` would."""
         if self.state not in (State.OPEN, State.RESPONDING):
             return None
         outcome = self._update_outcome(record)
@@ -513,16 +681,50 @@ class SessionCore:
         if isinstance(outcome, _Refusal):
             self._error(out, outcome.code, outcome.message, record.client_event_id)
             return
-        prompt, effective, entries = outcome
-        changed = prompt != self.prompt
-        self.prompt = prompt
-        self.config = effective
-        self._config_entries = entries
-        self._config_bytes = _size_of(entries) if entries is not None else _json_size(effective)
+        changed = outcome.prompt != self.prompt
+        self.prompt = outcome.prompt
+        self.config = outcome.effective
+        self._config_entries = outcome.entries
+        self._config_bytes = (
+            _size_of(outcome.entries) if outcome.entries is not None else _json_size(outcome.effective)
+        )
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
+        for refusal in outcome.refused:
+            self._error(
+                out,
+                refusal.code,
+                f"{refusal.message} (the update's other fields were applied)",
+                record.client_event_id,
+            )
         if changed and not self.locked:
-            out.append(ResetSlot(self.epoch, prompt))
+            out.append(ResetSlot(self.epoch, outcome.prompt))
         # After the lock only sampling can change: it applies from the next epoch's reset.
+
+    def _text_item(self, record: r.TextItem, out: list[Effect]) -> None:
+        """A text message: a system or developer one before the first frame is folded into
+        the persona (the context restarts with it); any other is kept, not read by the model."""
+        prompted = record.role in PROMPT_ROLES and not self.locked
+        prompt = self.prompt
+        if prompted:
+            texts = [*self._system_texts, record.text]
+            try:
+                prompt = self._validated(self.config, texts)
+            except Exception as exc:
+                self._error(
+                    out,
+                    code_of(exc, "invalid_value"),
+                    f"the {record.role} text cannot join the persona: {exc}",
+                    record.client_event_id,
+                )
+                return
+            self._system_texts = texts
+        item_id = record.item_id or self._id("item_text", self._text_items)
+        self._text_items += 1
+        self._emit(out, ev.TextItemAdded(item_id, record.role, record.text, prompted, record.client_event_id))
+        self._keep_item(item_id, record.role, record.text, audio=False)
+        if prompted and prompt != self.prompt:
+            self.prompt = prompt
+            out.append(ResetSlot(self.epoch, prompt))
 
     def refusal_for(self, record: r.Append) -> r.Rejected | None:
         """The ``rejected`` record to log instead of ``record`` when applying it would refuse it
@@ -665,7 +867,8 @@ class SessionCore:
             return
         if self._response is None:
             self.state = State.RESPONDING
-            self._response = (self._id("resp", self.epoch), self._id("item", self.epoch))
+            self._response = (self._id("resp", self._responses), self._id("item", self._responses))
+            self._responses += 1
             self._response_frames = 0
             self._transcript = []
             self._transcript_chars = 0
@@ -693,10 +896,35 @@ class SessionCore:
             ),
         )
 
+    def _keep_item(self, item_id: str, role: str, text: str, *, audio: bool) -> None:
+        self._items.pop(item_id, None)
+        self._items[item_id] = (role, text, audio)
+        while len(self._items) > MAX_ITEMS_KEPT:
+            del self._items[next(iter(self._items))]
+
+    def _retrieve(self, record: r.RetrieveItem, out: list[Effect]) -> None:
+        found: tuple[str, str, bool] | None
+        if self._response is not None and record.item_id == self._response[1]:
+            found, done = ("assistant", "".join(self._transcript), True), False
+        else:
+            found, done = self._items.get(record.item_id), True
+        if found is None:
+            self._error(
+                out,
+                "item_retrieve_invalid_item_id",
+                f"no item {record.item_id!r} in this conversation (the server keeps its latest "
+                f"{MAX_ITEMS_KEPT})",
+                record.client_event_id,
+            )
+            return
+        role, text, audio = found
+        self._emit(out, ev.ItemRetrieved(record.item_id, role, text, audio, done, record.client_event_id))
+
     def _end_response(self, out: list[Effect], reason: str, *, audio_cleared: bool) -> None:
         if self._response is None:
             return
         response_id, item_id = self._response
+        self._keep_item(item_id, "assistant", "".join(self._transcript), audio=True)
         self._emit(
             out,
             ev.ResponseEnded(

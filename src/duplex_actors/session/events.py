@@ -122,6 +122,42 @@ class AlignmentHint:
 
 
 @attrs.frozen(slots=True)
+class ItemTruncated:
+    """The client's ``conversation.item.truncate``, acknowledged (the model's context is kept)."""
+
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class TextItemAdded:
+    """A text message added to the conversation (``conversation.item.create``). ``prompted``:
+    a system or developer text folded into the model's persona (it arrived before the first
+    input frame); otherwise the item is kept in the conversation and the model does not read it."""
+
+    item_id: str
+    role: str
+    text: str
+    prompted: bool
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ItemRetrieved:
+    """An item as the server holds it (``conversation.item.retrieve``): an assistant response's
+    (``audio``: its transcript so far; ``done``: the response ended) or a text message."""
+
+    item_id: str
+    role: str
+    text: str
+    audio: bool
+    done: bool
+    client_event_id: str | None = None
+
+
+@attrs.frozen(slots=True)
 class SessionClosed:
     session_id: str
     reason: str
@@ -141,6 +177,9 @@ SessionEvent = (
     | Error
     | SessionClosed
     | AlignmentHint
+    | ItemTruncated
+    | TextItemAdded
+    | ItemRetrieved
 )
 
 
@@ -170,6 +209,9 @@ def event_to_jsonable(event: SessionEvent) -> dict[str, Any]:
     return out
 
 
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def canonical_bytes(event: SessionEvent) -> bytes:
     """Canonical bytes of an event for the outbound-stream digest (audio included raw)."""
     fields: dict[str, Any] = {"event": event_name(event)}
@@ -183,5 +225,5 @@ def canonical_bytes(event: SessionEvent) -> bytes:
             fields[a.name] = len(value)
         else:
             fields[a.name] = value
-    head = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    head = _CANONICAL_JSON(fields).encode()
     return head + b"\0" + b"".join(blobs)

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 # Inbound audio goes to the codec in slices of at most this many bytes (see _handle).
 DECODE_SLICE_BYTES = 2048
-# How long the handshake may wait for the slot's prompt prefill before the session ends (1011).
+# How long the handshake may wait for the slot's prompt prefill before the session ends (1011),
+# unless the server sets its own (``prepare_timeout_s``: ``--prepare-timeout``, or derived from the
+# prefill time measured at start-up, app.py).
 PREPARE_TIMEOUT_S = 30.0
 # Session close reasons of this dialect (their close codes are in connection.CLOSE_CODES).
 INVALID_AUDIO = "invalid_audio"
@@ -124,16 +126,20 @@ class ApiChatDialect:
 class ApiChatConnection(Connection):
     def __init__(
         self,
-        server: DuplexServer,
+        server: DuplexServer[Any],
         transport: Transport,
         *,
         dialect: ApiChatDialect,
+        prepare_timeout_s: float = PREPARE_TIMEOUT_S,
+        prepare_timeout_source: str = "the default",
         **settings: Any,  # Connection's: idle_timeout_s, counters, faults, reservation, rate_limits
     ) -> None:
         # its projection yields EncodeAudio too
         super().__init__(server, transport, dialect=dialect, **settings)  # type: ignore[arg-type]
 
         self.chat = dialect
+        self.prepare_timeout_s = prepare_timeout_s
+        self.prepare_timeout_source = prepare_timeout_source  # said in the error when it is hit
         self.stream: OpusStream | None = None
         self.ready = False  # the handshake is sent: audio from now on reaches the session
         self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
@@ -194,11 +200,14 @@ class ApiChatConnection(Connection):
     async def _handshake(self) -> None:
         session = self.session
         assert session is not None
-        with trio.move_on_after(PREPARE_TIMEOUT_S) as waited:
+        with trio.move_on_after(self.prepare_timeout_s) as waited:
             await self.server.scheduler.wait_reset(session.slot)
         if waited.cancelled_caught:
             await session.reject(
-                "session.open", errors.INTERNAL_ERROR, "the session's prompt was not ready in time"
+                "session.open",
+                errors.INTERNAL_ERROR,
+                f"the session's prompt was not prefilled within the prepare timeout of "
+                f"{self.prepare_timeout_s:g} s ({self.prepare_timeout_source})",
             )
             await session.close("error")
             return

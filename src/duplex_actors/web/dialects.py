@@ -19,6 +19,7 @@ from ..protocol import events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
 from ..session import events as ev
+from ..session.core import cancel_resets
 
 Command = Callable[[SessionHandle], Awaitable[None]]
 # A WebSocket message as quart gives and takes it: text (JSON) or binary.
@@ -45,8 +46,8 @@ class Projection(Protocol):
 
     def project(self, event: ev.SessionEvent) -> Sequence[OutboundMessage]: ...
 
-    def closing_event(self, reason: str) -> OutboundMessage:
-        """What the client is told before a server drain closes its session."""
+    def closing_event(self, reason: str) -> OutboundMessage | None:
+        """What the client is told before a server drain closes its session (None: nothing)."""
         ...
 
 
@@ -128,8 +129,11 @@ class AppendCommand:
         )
 
 
-def _command(event: Any, config: Mapping[str, Any]) -> Command:
-    """The session call for one parsed client event (both dialects share the commands)."""
+def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> Command:
+    """The session call for one parsed client event (both dialects share the commands).
+    ``stock``: the stock ``/v1/realtime`` route, whose cancel and output clear keep the model's
+    context unless the session asks otherwise (``duplex.cancel``), and whose ``response.create``
+    is answered as OpenAI answers one during a response."""
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
         audio, fmt, rate = codec.decode_append(event, config)
@@ -140,9 +144,27 @@ def _command(event: Any, config: Mapping[str, Any]) -> Command:
     if isinstance(event, pe.InputAudioBufferClear):
         return lambda s: s.clear_input(client_event_id=eid)
     if isinstance(event, pe.ResponseCancel):
-        return lambda s: s.cancel(client_event_id=eid)
+        reset = cancel_resets(config, not stock)
+        return lambda s: s.cancel(client_event_id=eid, reset=reset)
     if isinstance(event, pe.OutputAudioBufferClear):
-        return lambda s: s.clear_output(client_event_id=eid)
+        reset = cancel_resets(config, not stock)
+        return lambda s: s.clear_output(client_event_id=eid, reset=reset)
+    if isinstance(event, pe.ConversationItemTruncate):
+        truncated, index, end_ms = event.item_id, event.content_index, event.audio_end_ms
+        if index < 0 or end_ms < 0:
+            raise ProtocolError(
+                errors.INVALID_VALUE,
+                "content_index and audio_end_ms must not be negative",
+                event_type=event.TYPE,
+                client_event_id=eid,
+            )
+        return lambda s: s.truncate(truncated, index, end_ms, client_event_id=eid)
+    if isinstance(event, pe.ConversationItemCreate):
+        role, text, item_id = codec.text_item(event)
+        return lambda s: s.add_text_item(role, text, item_id=item_id, client_event_id=eid)
+    if isinstance(event, pe.ConversationItemRetrieve):
+        retrieved = event.item_id
+        return lambda s: s.retrieve_item(retrieved, client_event_id=eid)
     if isinstance(event, pe.SessionHeartbeat):
         return lambda s: s.heartbeat(client_event_id=eid)
     if isinstance(event, pe.PlaybackAck):
@@ -154,6 +176,14 @@ def _command(event: Any, config: Mapping[str, Any]) -> Command:
         return _acknowledged
     if isinstance(event, pe.InputAudioBufferCommit):
         return lambda s: _refuse_commit(s, eid)
+    if isinstance(event, pe.ResponseCreate) and stock:
+        raise ProtocolError(
+            errors.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+            "the model is always responding (a lockstep duplex model): there is an active response "
+            "already, and its audio goes on frame by frame",
+            event_type=event.TYPE,
+            client_event_id=eid,
+        )
     if isinstance(event, pe.ResponseCreate):
         raise ProtocolError(
             errors.RESPONSE_CREATE_UNSUPPORTED,
@@ -239,6 +269,7 @@ class RealtimeDialect:
         return _command(
             codec.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
             config,
+            stock=not self.duplex,
         )
 
     def first_message(self, data: WireMessage) -> Opening:

@@ -1,0 +1,131 @@
+"""One front end: hypercorn's trio worker serving the app on a listening socket it was given.
+
+``duplex-actors serve`` starts K of them (``supervisor.py``), each with its own listening
+socket on the same port (``SO_REUSEPORT``: the kernel spreads connections over them) and the
+engine core's address. ``python -m duplex_actors.frontend`` is that process; what it serves is
+in ``DUPLEX_FRONTEND`` (a :class:`FrontEndSpec`, pickled, base64). Signals come from the
+supervisor: SIGTERM drains (every session ``session.closing`` + 1012, logs finished, exit 0),
+SIGUSR1 stops taking new sessions, SIGUSR2 takes them again.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import signal
+import sys
+
+import attrs
+import trio
+
+from .config import ServerConfig
+from .procname import set_process_name
+
+SPEC_ENV = "DUPLEX_FRONTEND"
+PARENT_CHECK_S = 0.5
+
+
+@attrs.frozen(slots=True)
+class FrontEndSpec:
+    config: ServerConfig
+    index: int
+    listen_fd: int
+    drain_timeout_s: float
+    switch_interval_ms: float
+    url: str
+
+
+def encode_spec(spec: FrontEndSpec) -> str:
+    return base64.b64encode(pickle.dumps(spec)).decode("ascii")
+
+
+async def serve_frontend(spec: FrontEndSpec) -> None:
+    """Serve until SIGTERM (drained) or SIGINT."""
+    from hypercorn.trio import serve
+
+    from .app import create_app
+    from .web.hardening import HardenedConfig
+
+    config = spec.config
+    hyper = HardenedConfig()
+    hyper.bind = [f"fd://{spec.listen_fd}"]
+    hyper.accesslog = None
+    hyper.websocket_max_message_size = config.max_message_bytes
+    if config.keep_alive_timeout_s is not None:
+        hyper.keep_alive_timeout = config.keep_alive_timeout_s
+    # Our drain has already closed every session and finished its log; hypercorn's own grace
+    # only has to let handlers return (a send blocked on a stuck client never would).
+    hyper.graceful_timeout = 1.0
+    app = create_app(config)
+    holder = app.holder
+    # The model cannot be served: serve says so in one line and exits; this front end just ends.
+    holder.on_fatal = lambda line: os._exit(2)
+    stop = trio.Event()
+    name = f"front end {spec.index}"
+
+    async def on_signals() -> None:
+        # The receiver stays open while draining, so a second SIGTERM cannot kill us midway.
+        with trio.open_signal_receiver(
+            signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2
+        ) as signals:
+            draining = False
+            async for signum in signals:
+                if signum == signal.SIGUSR1:
+                    holder.pause()
+                    continue
+                if signum == signal.SIGUSR2:
+                    holder.resume()
+                    continue
+                if not draining:
+                    draining = True
+                    nursery.start_soon(drain)
+
+    async def drain() -> None:
+        await holder.drain(spec.drain_timeout_s)
+        stop.set()
+        # Every session is closed and its log finished. A socket whose client stopped reading
+        # can keep hypercorn's shielded send (and so the exit) waiting until TCP gives up
+        # (TCP_USER_TIMEOUT, 15 s): do not let it hold the process past the grace.
+        await trio.sleep(hyper.graceful_timeout + 1.0)
+        print(f"duplex-actors: {name}: drained; a stuck connection remains, exiting anyway", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+
+    async def on_core_lost() -> None:
+        # The engine core runs in the supervisor's process: it is gone too, and nothing
+        # will restart this front end. Its sessions have ended (1011): finish the connections.
+        await holder.core_lost.wait()
+        print(f"duplex-actors: {name}: the engine core is gone, exiting", flush=True)
+        await holder.drain(spec.drain_timeout_s)
+        sys.stdout.flush()
+        os._exit(1)
+
+    async def watch_parent() -> None:
+        # serve is the engine core: without it nothing is served, and nothing restarts us.
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await trio.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(on_signals)
+        nursery.start_soon(on_core_lost)
+        nursery.start_soon(watch_parent)
+        await serve(app, hyper, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        nursery.cancel_scope.cancel()
+
+
+def main() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec: FrontEndSpec = pickle.loads(base64.b64decode(os.environ[SPEC_ENV]))
+    set_process_name(f"duplex-fe-{spec.index}")
+    # The front end's loop takes the GIL back after each sleep of the codec or log threads.
+    sys.setswitchinterval(spec.switch_interval_ms / 1000)
+    trio.run(serve_frontend, spec)
+
+
+if __name__ == "__main__":
+    main()
