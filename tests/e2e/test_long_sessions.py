@@ -26,7 +26,7 @@ from .conftest import ServerProcess, start_server
 from .helpers import FRAME_PCM16_BYTES, connect, feed, pcm16, read_records, steps, tone_and_noise
 
 CONTEXT = 32
-PIN_MAX = 24  # the default persona's prompt (the warm-up session's) takes 21 positions
+PIN_MAX = 24  # the default persona's prompt (the server warms up with it) takes 21 positions
 VOICES = ("NATF2.pt", "NATM1.pt")  # persona k speaks with VOICES[k]
 STEP_WAIT_S = 300.0
 

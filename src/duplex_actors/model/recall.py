@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from moshi.models.lm import LMModel
 
 RECALL_PERSONAS = ("You sell bicycles.", "You teach piano.")
-# 2.6 s. The default persona's prompt (the server's warm-up session uses it) takes 21 positions:
+# 2.6 s. The default persona's prompt (the server warms up with it, and a session that sets no persona gets it) takes 21 positions:
 # within 3/4 of it, and within a pin cap of 24.
 RECALL_CONTEXT = 32
 NO_RECALL = 1  # agent codebook 0 when no keyword is attended to
@@ -139,7 +139,7 @@ def build_recall_tokenizer(personas: tuple[str, ...]) -> bytes:
 
 def pick_keywords(tokenizer: Any, personas: tuple[str, ...]) -> tuple[int, ...]:
     """Per persona, the first token of its prompt that no other prompt (nor the default
-    persona's, which the server's warm-up session uses) holds."""
+    persona's, which a session that sets none gets) holds."""
     prompts = [list(tokenizer.encode(wrap_with_system_tags(p))) for p in (*personas, DEFAULT_PERSONA)]
     keywords = []
     for k, tokens in enumerate(prompts[: len(personas)]):
