@@ -53,8 +53,8 @@ if TYPE_CHECKING:
     from moshi.models.lm import LMModel
 
 RECALL_PERSONAS = ("You sell bicycles.", "You teach piano.")
-# 2.6 s. The default persona's prompt (the server warms up with it, and a session that sets no persona gets it) takes 21 positions:
-# within 3/4 of it, and within a pin cap of 24.
+# 2.6 s. The default persona's prompt (the server warms up with it; a session that sets no persona
+# gets it) takes 21 positions: within 3/4 of it, and within a pin cap of 24.
 RECALL_CONTEXT = 32
 NO_RECALL = 1  # agent codebook 0 when no keyword is attended to
 
