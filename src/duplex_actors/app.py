@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
 import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
@@ -519,7 +520,9 @@ async def metrics() -> Any:
     else:
         core = await link.metrics()
         snapshots = list(core.snapshots) or [holder.snapshot()]
-        text = render(merge_snapshots(snapshots), core.statistics, core.step_failures)
+        merged = merge_snapshots(snapshots)
+        merged = attrs.evolve(merged, recovered_logs=merged.recovered_logs + core.recovered_logs)
+        text = render(merged, core.statistics, core.step_failures)
     return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -68,6 +68,7 @@ class CoreSettings:
     tick_policy: str = "grid"
     context_policy: str = DEFAULT_CONTEXT_POLICY
     pin_max: int | None = None
+    recovered_logs: int = 0  # torn logs truncated before the core started (/metrics)
 
 
 WARMUP_FRAMES = 3
@@ -444,6 +445,7 @@ class EngineCore:
             step_failures=scheduler.step_failures,
             snapshots=snapshots,
             frontends=len(self.frontends),
+            recovered_logs=self.settings.recovered_logs,
         )
         asker.queue((wire.METRICS, request_id, metrics))
 
@@ -609,14 +611,14 @@ def core_settings(config: ServerConfig) -> CoreSettings:
 
 def prepare_log_dir(log_dir: str) -> int:
     """Take the log dir's lock (held until the process exits; ``LogDirLocked`` when another
-    server has it) and truncate the torn tails a crash left, before any front end writes."""
+    server has it) and truncate the torn tails a crash left, before any front end writes;
+    the number of logs recovered."""
     from .log.lock import lock_log_dir
     from .server import recover_logs
 
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    fd = lock_log_dir(log_dir)
-    recover_logs(Path(log_dir))
-    return fd
+    lock_log_dir(log_dir)  # the descriptor stays open: the lock is this process's
+    return len(recover_logs(Path(log_dir)))
 
 
 IDLE_EXIT_S = 10.0
@@ -633,14 +635,15 @@ def main() -> None:
     set_process_name("duplex-engine")
     try:
         config = ServerConfig.from_env()
-        prepare_log_dir(config.log_dir)
+        recovered = prepare_log_dir(config.log_dir)
     except (ConfigError, LogDirLocked) as exc:
         print(f"duplex-actors engine core: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     address = engine_core_address(config.log_dir)
     failed: list[str] = []
     try:
-        trio.run(partial(run_engine_core, core_settings(config), address, idle_exit_s=IDLE_EXIT_S))
+        settings = attrs.evolve(core_settings(config), recovered_logs=recovered)
+        trio.run(partial(run_engine_core, settings, address, idle_exit_s=IDLE_EXIT_S))
     except* CoreStartFailed as group:  # the front ends were told, and say it too
         failed.extend(exc.line for exc in start_failures(group))
     if failed:

@@ -11,6 +11,7 @@ SIGUSR1 stops taking new sessions, SIGUSR2 takes them again.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import pickle
 import signal
@@ -23,6 +24,7 @@ from .config import ServerConfig
 from .procname import set_process_name
 
 SPEC_ENV = "DUPLEX_FRONTEND"
+log = logging.getLogger("duplex_actors.frontend")
 PARENT_CHECK_S = 0.5
 
 
@@ -82,12 +84,14 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
                     nursery.start_soon(drain)
 
     async def drain() -> None:
+        started = trio.current_time()
         await holder.drain(spec.drain_timeout_s)
+        log.info("%s: drained in %.2f s", name, trio.current_time() - started)
         stop.set()
         # Every session is closed and its log finished. A socket whose client stopped reading
         # can keep hypercorn's shielded send (and so the exit) waiting until TCP gives up
         # (TCP_USER_TIMEOUT, 15 s): do not let it hold the process past the grace.
-        await trio.sleep(hyper.graceful_timeout + 1.0)
+        await trio.sleep(hyper.graceful_timeout)
         print(f"duplex-actors: {name}: drained; a stuck connection remains, exiting anyway", flush=True)
         sys.stdout.flush()
         os._exit(0)
@@ -117,8 +121,6 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
 
 
 def main() -> None:
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec: FrontEndSpec = pickle.loads(base64.b64decode(os.environ[SPEC_ENV]))
     set_process_name(f"duplex-fe-{spec.index}")

@@ -26,6 +26,7 @@ import socket
 import sys
 import time
 
+import attrs
 import trio
 
 from .config import ServerConfig
@@ -89,8 +90,10 @@ class Supervisor:
         frontends: int,
         drain_timeout_s: float,
         switch_interval_ms: float,
+        recovered_logs: int = 0,
     ) -> None:
         self.config = config
+        self.recovered_logs = recovered_logs
         self.host = host
         self.port = port
         self.frontends = frontends
@@ -102,7 +105,7 @@ class Supervisor:
 
     async def run(self, sockets: list[socket.socket]) -> None:
         """Serve until drained; ``CoreStartFailed`` when the model cannot be served."""
-        settings: CoreSettings = core_settings(self.config)
+        settings: CoreSettings = attrs.evolve(core_settings(self.config), recovered_logs=self.recovered_logs)
         async with trio.open_nursery() as nursery:
             # The front ends start while the core loads: their /ready shows its phases.
             start = await nursery.start(run_engine_core, settings, self.address)
@@ -192,7 +195,11 @@ class Supervisor:
                 self.stopping = True
                 print(f"duplex-actors: {name}: draining", flush=True)
                 await self._drain()
-                return
+                # Every front end has drained and exited (their sessions closed, their logs
+                # finished): the core holds nothing that outlives it. Its interpreter's teardown
+                # (torch's included) would only delay the exit.
+                print("duplex-actors: drained", flush=True)
+                os._exit(0)
 
     def _forward(self, signum: int) -> None:
         for process in list(self.processes.values()):
@@ -232,7 +239,7 @@ def serve(
     from .log.lock import LogDirLocked
 
     try:
-        prepare_log_dir(config.log_dir)  # held until this process exits
+        recovered = prepare_log_dir(config.log_dir)  # the lock is held until this process exits
     except LogDirLocked as exc:
         print(f"duplex-actors: {exc}", file=sys.stderr)
         return 2
@@ -247,6 +254,7 @@ def serve(
     set_process_name("duplex-engine")  # the engine core runs here (bench/ceiling.py tells it so)
     supervisor = Supervisor(
         config,
+        recovered_logs=recovered,
         host=host,
         port=port,
         frontends=frontends,

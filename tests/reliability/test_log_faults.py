@@ -3,6 +3,7 @@ a server killed with SIGKILL while sessions stream, then restarted on the same `
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -130,7 +131,9 @@ def killed(tmp_path_factory, parrot_dir):
             for i in range(3):
                 nursery.start_soon(one, i)
             await trio.sleep(2.0)
-            first.proc.send_signal(signal.SIGKILL)
+            # The whole server at once (its engine core and its front ends), as a crash does.
+            for pid in first.pids:
+                os.kill(pid, signal.SIGKILL)
             await trio.to_thread.run_sync(first.proc.wait)
             await trio.sleep(0.2)
             nursery.cancel_scope.cancel()
@@ -214,9 +217,9 @@ async def test_sigkill_torn_tails_are_truncated_and_every_log_replays(killed, re
 
 
 async def test_recovered_logs_are_counted_in_metrics(killed, record):
-    """``/metrics`` should report how many logs start-up recovery repaired: ``recover_logs``
-    returns them, app.py passes ``recovered_logs=len(server.recovered_logs)`` to
-    ``metrics.render``, and ``duplex_log_recovered_total`` is the metric's name."""
+    """``/metrics`` reports how many logs start-up recovery repaired: the engine core recovers
+    them before any front end starts and reports the count with its statistics
+    (``duplex_log_recovered_total``)."""
     text = killed["metrics"]
     value = re.search(r"^duplex_log_recovered_total(?:\{\})? (\S+)$", text, re.MULTILINE)
     record(

@@ -75,7 +75,10 @@ async def stream(client: Client, frames: int, first: int = 0) -> None:
 async def test_step_raise_ends_only_the_sessions_in_that_step(fault_server, triggers, record):
     await wait_slots_free(fault_server)
     failures_before = metric_sum(await ametrics(fault_server), "duplex_step_failures_total")
-    async with connect(fault_server.ws + "/v1/realtime") as a, connect(fault_server.ws + "/v1/duplex") as b:
+    async with (
+        connect(fault_server.ws + "/v1/realtime?duplex=1") as a,
+        connect(fault_server.ws + "/v1/duplex") as b,
+    ):
         await opened(a)
         await opened(b)  # open, not sending: in no step
         async with trio.open_nursery() as nursery:

@@ -232,15 +232,19 @@ class CoreLink:
     # -- the link --------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read and write until the core goes away (then fail every session) or cancelled."""
+        lost = False
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
                 task_status.started()
                 await self._reader()
+                lost = True  # the core closed the link (its process ended)
                 nursery.cancel_scope.cancel()
         finally:
             if self.failed is None:
                 self.failed = CoreUnavailable("the engine core is gone")
+            if lost:
+                log.error("the engine core is gone: this front end's sessions end")
             self._fail_everything()
             self.closed.set()
             with trio.CancelScope(shield=True):
@@ -383,7 +387,6 @@ class CoreLink:
 
     def _fail_everything(self) -> None:
         exc = self.failed or CoreUnavailable("the engine core is gone")
-        log.error("the engine core is gone: %s", exc)
         occupants, self._occupants = self._occupants, {}
         for occupant in occupants.values():
             occupant.step_failed(exc)

@@ -135,6 +135,7 @@ class CoreMetrics:
     step_failures: int
     snapshots: Sequence[Any]
     frontends: int
+    recovered_logs: int = 0  # logs with a torn tail the core truncated at start-up
 
 
 def encode(items: Sequence[tuple[Any, ...]]) -> bytes:
