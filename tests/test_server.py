@@ -389,3 +389,33 @@ async def test_a_session_actor_bug_ends_only_that_session(
         rec for _, rec in read_log(tmp_path / f"{bad.session_id}.dlog").records if isinstance(rec, r.Close)
     ]
     assert [c.reason for c in closes] == ["error"]
+
+
+async def test_with_pinned_prompts_a_persona_over_the_pin_cap_is_refused_at_open_and_update(
+    parrot_dir, tmp_path, autojump_clock
+):
+    """``--context-policy pin-prompt``: a prompt over the pin cap (that moshi's ring would take,
+    under 3/4 of the context) is refused as a too long persona is, at open and at update."""
+    engine = MoshiEngine(
+        load_checkpoint(checkpoint_from_dir(parrot_dir)), slots=1, context_policy="pin-prompt", pin_max=90
+    )
+    persona = "You are a patient tutor. You sell bicycles on Monday. " * 2  # 99 positions of 250
+    events: list = []
+    async with open_duplex_server(engine, log_dir=tmp_path, virtual_time=True) as server:
+        session = await server.open_session({"instructions": persona}, client_event_id="o1")
+        server._nursery.start_soon(collect, session, events)
+        await session.update({"instructions": persona}, client_event_id="u1")
+        for f in session_audio(9, 2):
+            await session.append(f)
+            await trio.sleep(0.1)
+        await session.close()
+    errors = [e for e in events if isinstance(e, ev.Error)]
+    assert [(e.code, e.client_event_id) for e in errors] == [
+        ("invalid_duplex_runtime_config", "o1"),
+        ("invalid_duplex_runtime_config", "u1"),
+    ]
+    assert all("at most 90, the cap of a pinned prompt" in e.message for e in errors)
+    assert sum(isinstance(e, ev.AudioFrame) for e in events) == 2
+    header = read_log(tmp_path / f"{session.session_id}.dlog").records[0][1]
+    assert isinstance(header, r.Header)
+    assert header.engine["context_policy"] == "pin-prompt" and header.engine["pin_max"] == 90

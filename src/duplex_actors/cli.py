@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULT_TICK_POLICY, TICK_POLICIES
+from .model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY
 from .model.memory import DTYPES, parse_size
 
 
@@ -28,6 +29,14 @@ def _serve(args: argparse.Namespace) -> int:
     if tick_policy not in TICK_POLICIES:
         print(
             f"duplex-actors: DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    context_policy = args.context_policy or os.environ.get("DUPLEX_CONTEXT_POLICY") or DEFAULT_CONTEXT_POLICY
+    if context_policy not in CONTEXT_POLICIES:
+        print(
+            f"duplex-actors: DUPLEX_CONTEXT_POLICY={context_policy!r}: expected one of "
+            f"{', '.join(CONTEXT_POLICIES)}",
             file=sys.stderr,
         )
         return 2
@@ -99,6 +108,12 @@ def _serve(args: argparse.Namespace) -> int:
                 1000,
             )
             if v is not None
+        ),
+        context_policy=context_policy,
+        max_pinned_prompt=(
+            args.max_pinned_prompt
+            if args.max_pinned_prompt is not None
+            else _parse(os.environ, "DUPLEX_MAX_PINNED_PROMPT", int, "an integer (positions)")
         ),
     )
     return serve(
@@ -275,6 +290,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence the server may insert into one session's input to align it to the tick, "
         "in total (spec section 7; default 1000; env DUPLEX_MAX_ALIGN_PAD_MS); past it the "
         "session is served unaligned",
+    )
+    serve.add_argument(
+        "--context-policy",
+        choices=CONTEXT_POLICIES,
+        default=None,
+        help="what a session longer than the model's context keeps (docs/operations.md): 'ring' "
+        "(default: moshi's, the oldest positions go first, the voice prompt and persona among "
+        "them), 'pin-prompt' (the prompt stays for the session's life, the rest is a ring); env "
+        "DUPLEX_CONTEXT_POLICY",
+    )
+    serve.add_argument(
+        "--max-pinned-prompt",
+        type=int,
+        default=None,
+        metavar="POSITIONS",
+        help="with --context-policy pin-prompt, the most positions a prompt may take (longer "
+        "personas are refused: invalid_duplex_runtime_config); default a quarter of the context; "
+        "env DUPLEX_MAX_PINNED_PROMPT",
     )
     serve.add_argument(
         "--voice-alias",

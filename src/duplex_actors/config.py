@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import attrs
 
+from .model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY
 from .model.memory import DTYPES, parse_size
 
 T = TypeVar("T")
@@ -109,6 +110,11 @@ class ServerConfig:
     opus_workers: int | None = None
     # The total alignment pad of a session (spec section 7); past it the session is unaligned.
     max_align_pad_ms: int = 1000
+    # What a session longer than the model's context keeps (docs/operations.md, "Sessions longer
+    # than the context"): "ring" (moshi's) or "pin-prompt"; and the cap of a pinned prompt in
+    # positions (None: a quarter of the context).
+    context_policy: str = DEFAULT_CONTEXT_POLICY
+    max_pinned_prompt: int | None = None
     # Voice names besides the bundled ones (model/voices.py): the operator's (name, voice) pairs,
     # over the default table of OpenAI's voice names.
     voice_aliases: tuple[tuple[str, str], ...] = ()
@@ -125,6 +131,12 @@ class ServerConfig:
             raise ConfigError(f"opus workers: {self.opus_workers}: expected at least 1")
         if self.max_align_pad_ms < 0:
             raise ConfigError(f"max align pad: {self.max_align_pad_ms} ms: expected at least 0")
+        if self.context_policy not in CONTEXT_POLICIES:
+            raise ConfigError(
+                f"context policy {self.context_policy!r}: expected one of {', '.join(CONTEXT_POLICIES)}"
+            )
+        if self.max_pinned_prompt is not None and self.max_pinned_prompt < 0:
+            raise ConfigError(f"max pinned prompt: {self.max_pinned_prompt}: expected at least 0 positions")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
 
@@ -158,6 +170,11 @@ class ServerConfig:
         if tick_policy not in TICK_POLICIES:
             raise ConfigError(
                 f"DUPLEX_TICK_POLICY={tick_policy!r}: expected one of {', '.join(TICK_POLICIES)}"
+            )
+        context_policy = env.get("DUPLEX_CONTEXT_POLICY") or default.context_policy
+        if context_policy not in CONTEXT_POLICIES:
+            raise ConfigError(
+                f"DUPLEX_CONTEXT_POLICY={context_policy!r}: expected one of {', '.join(CONTEXT_POLICIES)}"
             )
         dtype = env.get("DUPLEX_DTYPE") or default.dtype
         if dtype not in DTYPES:
@@ -203,6 +220,8 @@ class ServerConfig:
             s3_endpoint_url=env.get("DUPLEX_S3_ENDPOINT_URL") or None,
             opus_workers=opus_workers,
             max_align_pad_ms=integer("DUPLEX_MAX_ALIGN_PAD_MS", default.max_align_pad_ms),
+            context_policy=context_policy,
+            max_pinned_prompt=_parse(env, "DUPLEX_MAX_PINNED_PROMPT", int, "an integer (positions)"),
             voice_aliases=parse_voice_aliases(
                 env.get("DUPLEX_VOICE_ALIASES", "").split(","), "DUPLEX_VOICE_ALIASES"
             ),

@@ -39,7 +39,7 @@ from .core import wire
 from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
 from .errors import code_of
-from .model.engine import ModelEngine
+from .model.engine import DEFAULT_CONTEXT_POLICY, ModelEngine
 from .model.startup import FAILED, PhaseReport, PhaseSink, Startup, StartupState, import_engine
 from .procname import set_process_name
 from .scheduler.actor import ResourceExhausted, Scheduler, SchedulerFailed, StepResult
@@ -66,6 +66,8 @@ class CoreSettings:
     memory_limit: int | None = None
     torch_threads: int | None = 1
     tick_policy: str = "grid"
+    context_policy: str = DEFAULT_CONTEXT_POLICY
+    pin_max: int | None = None
     recovered_logs: int = 0  # torn logs truncated before the core started (/metrics)
 
 
@@ -106,6 +108,8 @@ def build_engine(settings: CoreSettings, on_phase: PhaseSink | None = None) -> M
         family=settings.family,
         revision=settings.revision,
         torch_threads=settings.torch_threads,
+        context_policy=settings.context_policy,
+        pin_max=settings.pin_max,
         retry_unavailable=True,
         prepare_default=True,
         on_phase=on_phase,
@@ -600,6 +604,8 @@ def core_settings(config: ServerConfig) -> CoreSettings:
         memory_limit=config.memory_limit,
         torch_threads=config.torch_threads,
         tick_policy=config.tick_policy,
+        context_policy=config.context_policy,
+        pin_max=config.max_pinned_prompt,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,10 +20,33 @@ from duplex_actors.model.moshi_engine import MoshiEngine, PrefillMode
 Frames = list[npt.NDArray[np.float32]]
 
 
-def engine(path: Path, slots: int, *, family: str | None = None, prefill: PrefillMode = "snapshot"):
+def engine(
+    path: Path,
+    slots: int,
+    *,
+    family: str | None = None,
+    prefill: PrefillMode = "snapshot",
+    context_policy: str = "ring",
+    pin_max: int | None = None,
+):
     return MoshiEngine(
-        load_checkpoint(checkpoint_from_dir(path)), slots=slots, family=family, prefill=prefill
+        load_checkpoint(checkpoint_from_dir(path)),
+        slots=slots,
+        family=family,
+        prefill=prefill,
+        context_policy=context_policy,
+        pin_max=pin_max,
     )
+
+
+def with_context(source: Path, target: Path, context: int) -> Path:
+    """A copy of the checkpoint at ``source`` whose LM sees ``context`` positions (its
+    ``lm_config.json``; the weights do not depend on it)."""
+    shutil.copytree(source, target)
+    config = json.loads((target / "lm_config.json").read_text())
+    config["context"] = context
+    (target / "lm_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return target
 
 
 def session_audio(seed: int, frames: int) -> Frames:

@@ -5,6 +5,8 @@ runs alone in slot 0 or in any slot of a batch of the same width while other slo
 pause and leave at random ticks. Across widths they need not be: the CPU kernels are chosen by
 batch width and differ in the last bits, which can flip a code at a near-tie (so a model replay
 runs at the width the session was served at; ``test_widths_differ_only_in_the_last_bits``).
+With pinned prompts (``context_policy="pin-prompt"``) on a short context the sessions run past
+it, so wrapped rows, rows before their wrap and rows being reset share the batch.
 """
 
 from __future__ import annotations
@@ -47,61 +49,94 @@ def batch8(tiny_dir):
 
 
 @st.composite
-def schedules(draw):
-    slots = draw(st.permutations(range(8)))
+def schedules(draw, *, width: int = 8, sessions: int = len(POOL), noise_slots: int = 2, span: int = 20):
+    """Where and when ``sessions`` pool sessions join and pause, and ``noise_slots`` slots of
+    noise join, reset and leave, over about ``span`` ticks."""
+    slots = draw(st.permutations(range(width)))
     plan = []
-    for i in range(len(POOL)):
+    for i in range(sessions):
         plan.append(
             {
                 "slot": slots[i],
                 "join": draw(st.integers(0, 5)),
-                "pauses": draw(st.sets(st.integers(0, 20), max_size=4)),
+                "pauses": draw(st.sets(st.integers(0, span), max_size=4)),
             }
         )
     noise = []
-    for j in range(2):
+    for j in range(noise_slots):
         join = draw(st.integers(0, 6))
         noise.append(
             {
-                "slot": slots[len(POOL) + j],
+                "slot": slots[sessions + j],
                 "join": join,
-                "resets": draw(st.sets(st.integers(join + 1, 20), max_size=2)),
-                "leave": draw(st.integers(join, 22)),
-                "pauses": draw(st.sets(st.integers(0, 20), max_size=3)),
+                "resets": draw(st.sets(st.integers(join + 1, span), max_size=2)),
+                "leave": draw(st.integers(join, span + 2)),
+                "pauses": draw(st.sets(st.integers(0, span), max_size=3)),
             }
         )
     return plan, noise
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(schedule=schedules())
-def test_slot_isolation_in_a_changing_batch(references, batch8, schedule):
+def _run_schedule(eng, pool: list[Session], frames_each: int, schedule) -> list[list]:
     plan, noise = schedule
-    eng = batch8
     rs = np.random.RandomState(0)
-    outputs: list[list] = [[] for _ in POOL]
+    outputs: list[list] = [[] for _ in plan]
     tick = 0
-    while any(len(out) < FRAMES for out in outputs):
-        assert tick < 60, "schedule did not finish"
+    while any(len(out) < frames_each for out in outputs):
+        assert tick < frames_each + 50, "schedule did not finish"
         frames = {}
         for i, p in enumerate(plan):
             if tick == p["join"]:
-                eng.reset(p["slot"], POOL[i].prompt)
-            if tick >= p["join"] and len(outputs[i]) < FRAMES and tick not in p["pauses"]:
-                frames[p["slot"]] = POOL[i].frames[len(outputs[i])]
+                eng.reset(p["slot"], pool[i].prompt)
+            if tick >= p["join"] and len(outputs[i]) < frames_each and tick not in p["pauses"]:
+                frames[p["slot"]] = pool[i].frames[len(outputs[i])]
         for n in noise:
             if tick == n["join"] or tick in n["resets"]:
-                eng.reset(n["slot"], POOL[(tick + n["slot"]) % len(POOL)].prompt)
+                eng.reset(n["slot"], pool[(tick + n["slot"]) % len(pool)].prompt)
             if n["join"] <= tick < n["leave"] and tick not in n["pauses"]:
                 frames[n["slot"]] = (rs.randn(1920) * 0.3).astype(np.float32)
         result = eng.step(frames)
         for i, p in enumerate(plan):
-            if p["slot"] in frames and len(outputs[i]) < FRAMES and tick >= p["join"]:
+            if p["slot"] in frames and len(outputs[i]) < frames_each and tick >= p["join"]:
                 outputs[i].append(result[p["slot"]])
         tick += 1
+    return outputs
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=schedules())
+def test_slot_isolation_in_a_changing_batch(references, batch8, schedule):
+    outputs = _run_schedule(batch8, POOL, FRAMES, schedule)
     for i, (ref, got) in enumerate(zip(references(8), outputs, strict=True)):
         where = first_divergence(ref, got)
-        assert where is None, f"session {i} in slot {plan[i]['slot']}: {where}"
+        assert where is None, f"session {i} in slot {schedule[0][i]['slot']}: {where}"
+
+
+# Pinned prompts on the 96-position context: prompts of 53 and 48 positions, so these sessions
+# run past their first wrap (by 9 and 4 positions) while others join, pause, reset and leave.
+PINNED_FRAMES = 52
+PINNED_WIDTH = 4
+PINNED_POOL = [Session(s.prompt, session_audio(10 + i, PINNED_FRAMES)) for i, s in enumerate(POOL[:2])]
+
+
+@pytest.fixture(scope="module")
+def pinned_batch(tiny_short_dir):
+    return engine(tiny_short_dir, PINNED_WIDTH, context_policy="pin-prompt", pin_max=85)
+
+
+@pytest.fixture(scope="module")
+def pinned_references(tiny_short_dir):
+    alone = engine(tiny_short_dir, PINNED_WIDTH, context_policy="pin-prompt", pin_max=85)
+    return [run_alone(alone, s) for s in PINNED_POOL]
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=schedules(width=PINNED_WIDTH, sessions=len(PINNED_POOL), noise_slots=1, span=PINNED_FRAMES))
+def test_slot_isolation_with_pinned_prompts_past_the_context(pinned_references, pinned_batch, schedule):
+    outputs = _run_schedule(pinned_batch, PINNED_POOL, PINNED_FRAMES, schedule)
+    for i, (ref, got) in enumerate(zip(pinned_references, outputs, strict=True)):
+        where = first_divergence(ref, got)
+        assert where is None, f"session {i} in slot {schedule[0][i]['slot']}: {where}"
 
 
 def test_reset_equals_fresh(tiny_dir, references):

@@ -20,6 +20,11 @@ TEXT_EPAD_ID = 0
 # Token value reported for a slot whose output frame is not generated yet (the first step
 # after a plain Moshi reset): moshi's ``ungenerated_token_id``.
 UNGENERATED = -2
+# What a session's KV cache keeps once it is longer than the model's context: ``ring``, moshi's
+# ring (the oldest positions go first, the prompt among them); ``pin-prompt``, the prompt stays
+# and the rest is a ring (model/pinned_context.py).
+CONTEXT_POLICIES = ("ring", "pin-prompt")
+DEFAULT_CONTEXT_POLICY = "ring"
 
 
 @attrs.frozen(slots=True)

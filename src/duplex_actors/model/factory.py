@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .checkpoint import CheckpointFiles, checkpoint_from_dir, find_checkpoint
+from .engine import DEFAULT_CONTEXT_POLICY
 from .errors import CheckpointError, CheckpointUnavailable
 from .family import detect_family
 from .loading import load_checkpoint
@@ -71,6 +72,8 @@ def open_engine(
     prefill: PrefillMode = "snapshot",
     torch_threads: int | None = 1,
     memory_limit: int | None = None,
+    context_policy: str = DEFAULT_CONTEXT_POLICY,
+    pin_max: int | None = None,
     retry_unavailable: bool = False,
     prepare_default: bool = False,
     on_phase: PhaseSink | None = None,
@@ -80,8 +83,9 @@ def open_engine(
     ``dtype``: a torch dtype or its name, or ``auto`` (:func:`.memory.choose_dtype`; a dtype
     that does not fit in the memory available, at most ``memory_limit`` bytes, raises
     :class:`~.memory.InsufficientMemory`). ``retry_unavailable``: keep trying a checkpoint that
-    cannot be fetched now. ``prepare_default``: prefill the family's default prompt now, so the
-    first session with it starts at once."""
+    cannot be fetched now. ``context_policy``, ``pin_max``: what a session longer than the
+    context keeps (:class:`~.moshi_engine.MoshiEngine`). ``prepare_default``: prefill the
+    family's default prompt now, so the first session with it starts at once."""
     startup = Startup(on_phase)
     with startup.phase("resolve") as phase:
         files = (
@@ -95,7 +99,15 @@ def open_engine(
         chosen = choose_dtype(dtype_name(dtype), where, files, slots, limit=memory_limit, twin=twin)
         loaded = load_checkpoint(files, device=where, dtype=chosen)
     with startup.phase("engine"):
-        engine = MoshiEngine(loaded, slots=slots, family=family, prefill=prefill, torch_threads=torch_threads)
+        engine = MoshiEngine(
+            loaded,
+            slots=slots,
+            family=family,
+            prefill=prefill,
+            torch_threads=torch_threads,
+            context_policy=context_policy,
+            pin_max=pin_max,
+        )
     with startup.phase("digest", total=files.lm.stat().st_size, unit="bytes") as phase:
         engine.describe(progress=phase.progress)
     if prepare_default and engine.can_prepare:

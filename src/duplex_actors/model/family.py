@@ -95,21 +95,35 @@ class ModelFamily:
     # prefill takes. Without them (logic replay, tests) no prompt is too long.
     context_positions: int = 0
     prompt_positions: Callable[[SessionPrompt], int] | None = attrs.field(default=None, eq=False, repr=False)
+    # The most positions a prompt may take; None: 3/4 of the context. A pinned prompt takes its
+    # positions from the recent memory of the whole session, so it is capped lower.
+    prompt_budget: int | None = None
+    pinned_prompt: bool = False
 
     @property
     def default_voice(self) -> str | None:
         return None
 
+    @property
+    def prompt_budget_positions(self) -> int:
+        if self.prompt_budget is not None:
+            return self.prompt_budget
+        return self.context_positions * 3 // 4
+
     def check_context(self, prompt: SessionPrompt) -> None:
-        """Refuse a prompt whose prefill would take more than 3/4 of the model's context."""
+        """Refuse a prompt whose prefill would take more than its budget of the model's context
+        (3/4 of it; a pinned prompt's cap when prompts are pinned)."""
         if self.prompt_positions is None or not self.context_positions:
             return
-        budget = self.context_positions * 3 // 4
-        used = self.prompt_positions(prompt)
-        if used > budget:
+        self.check_prompt_positions(self.prompt_positions(prompt))
+
+    def check_prompt_positions(self, used: int) -> None:
+        budget = self.prompt_budget_positions
+        if self.context_positions and used > budget:
+            cap = ", the cap of a pinned prompt" if self.pinned_prompt else ""
             raise InvalidRuntimeConfig(
                 f"the persona is too long: its prompt takes {used} of the model's "
-                f"{self.context_positions} context positions (at most {budget})"
+                f"{self.context_positions} context positions (at most {budget}{cap})"
             )
 
     def check_runtime_keys(self, extra: Mapping[str, Any]) -> None:

@@ -5,6 +5,8 @@ Forcing is how prompts are injected (as in Kyutai's batched TTS server): ``LMGen
 whose forcing mask is set, in place. A PersonaPlex ``.pt`` voice replaces whole summed input
 embeddings, which needs a replacement ``forward_text`` installed before streaming starts.
 Every buffer is ``[B, ...]`` and updated in place (CUDA graphs keep references to them).
+With ``pin_width``, every row may keep its first positions (its prompt) past the context
+(:mod:`.pinned_context`); the pin is set by ``run_prefill`` and ``paste`` and cleared by ``reset``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from . import kv_write
 from .engine import GREEDY, NUM_CODEBOOKS, SamplingConfig
 from .personaplex import PrefillPlan
+from .pinned_context import PinnedPrefix, install
 from .sampling import SlotSampler
 
 if TYPE_CHECKING:
@@ -26,19 +29,30 @@ if TYPE_CHECKING:
 
 @attrs.frozen(slots=True, eq=False)
 class SlotState:
-    """One slot's LM streaming state (a prefill snapshot): what ``paste`` copies back."""
+    """One slot's LM streaming state (a prefill snapshot): what ``paste`` copies back.
+
+    ``pin``: the positions kept past the context (0: none); the cache tensors do not say it.
+    """
 
     steps: int
     tensors: tuple[torch.Tensor, ...]
+    pin: int = 0
 
 
 class LMRunner:
-    def __init__(self, lm: LMModel, batch_size: int, *, cuda_graphs: bool = True) -> None:
+    def __init__(
+        self, lm: LMModel, batch_size: int, *, cuda_graphs: bool = True, pin_width: int | None = None
+    ) -> None:
         from moshi.models.lm import LMGen
 
         self.lm = lm
         self.batch_size = batch_size
         device, dim = lm.device, lm.dim
+        # None: moshi's ring as it is. Else the widest pin a row may have (fixed: graph shapes).
+        self.pins: PinnedPrefix | None = None
+        if pin_width is not None:
+            self.pins = PinnedPrefix(batch_size, int(lm.context or 0), pin_width, device)
+            install(lm, self.pins)
         self.force_text_mask = torch.zeros(batch_size, dtype=torch.bool, device=device)
         self.force_text = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.force_audio_mask = torch.zeros(batch_size, NUM_CODEBOOKS, dtype=torch.bool, device=device)
@@ -46,6 +60,10 @@ class LMRunner:
         self.emb_mask = torch.zeros(batch_size, dtype=torch.bool, device=device)
         self.emb_override = torch.zeros(batch_size, 1, dim, dtype=lm.dtype, device=device)
         self.sampler = SlotSampler(batch_size, device)
+        # Set to a [B, text_card] float32 tensor before the first step to receive every step's
+        # text logits (bench/long_sessions_eval.py scores forced answers with them); copied in
+        # place, so CUDA graphs capture the copy.
+        self.text_logits: torch.Tensor | None = None
         # An instance attribute shadows LMModel.forward_text; LMGen graphs whatever it finds.
         lm.forward_text = self._forward_text  # type: ignore[method-assign]
         self.lm_gen = LMGen(
@@ -95,6 +113,8 @@ class LMRunner:
         if lm.out_norm:
             transformer_out = lm.out_norm(transformer_out)
         text_logits = lm.text_linear(transformer_out)
+        if self.text_logits is not None:
+            self.text_logits.copy_(text_logits[:, 0])
         return transformer_out, text_logits[:, None]
 
     # -- stepping ----------------------------------------------------------------------------
@@ -117,6 +137,8 @@ class LMRunner:
     def reset(self, slot: int, sampling: SamplingConfig) -> None:
         mask = self._one_hot(slot)
         self.lm_gen.reset_streaming(reset_mask=mask)
+        if self.pins is not None:
+            self.pins.set(slot, 0)
         self.clear_forcing(slot)
         self.sampler.configure(slot, sampling)
 
@@ -132,9 +154,11 @@ class LMRunner:
         plan: PrefillPlan,
         sampling: SamplingConfig,
         progress: Callable[[int, int], None] | None = None,
+        *,
+        pin: int = 0,
     ) -> None:
         """Run every forced call of ``plan`` in ``slot`` (the other slots do not advance);
-        ``progress(calls done, calls)`` after each.
+        ``progress(calls done, calls)`` after each; then pin its first ``pin`` positions.
 
         The prompt's last call leaves text and agent codebook 0 to the model; it is decoded
         greedily so that a prompt's state is one deterministic snapshot for every session.
@@ -167,6 +191,14 @@ class LMRunner:
         self.clear_forcing(slot)
         self.sampler.configure(slot, sampling)
         self.sampler.frame[slot] = len(plan)
+        self.set_pin(slot, pin)
+
+    def set_pin(self, slot: int, positions: int) -> None:
+        """Keep ``slot``'s first ``positions`` positions past the context (before it first wraps)."""
+        if self.pins is not None:
+            self.pins.set(slot, positions)
+        elif positions:
+            raise ValueError("this runner keeps no pinned prefix (moshi's ring)")
 
     # -- snapshots ---------------------------------------------------------------------------
     def _slot_tensors(self) -> list[tuple[torch.Tensor, int, bool]]:
@@ -201,7 +233,8 @@ class LMRunner:
             if ring:
                 row = row[:, :, : min(steps, row.shape[2])]
             parts.append(row.clone())
-        return SlotState(steps=steps, tensors=tuple(parts))
+        pin = self.pins.get(slot) if self.pins is not None else 0
+        return SlotState(steps=steps, tensors=tuple(parts), pin=pin)
 
     def paste(self, slot: int, state: SlotState) -> None:
         """Write a snapshot into ``slot`` (which must have been reset)."""
@@ -211,6 +244,7 @@ class LMRunner:
                 row = row[:, :, : part.shape[2]]
             row.copy_(part)
         self.sampler.frame[slot] = state.steps
+        self.set_pin(slot, state.pin)
 
     def _one_hot(self, slot: int) -> torch.Tensor:
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.lm.device)

@@ -5,6 +5,9 @@ streaming decode. Slots without a frame are exec-masked and do not advance; rows
 not generated yet (``-2``) are never decoded. A reset slot is prefilled with its prompt by
 pasting a snapshot computed once per (voice, persona) on a batch-1 twin of the LM that shares
 its weights (or, with ``prefill="burst"``, by running the prompt inside the batch).
+With ``context_policy="pin-prompt"`` a slot's prompt stays in its KV cache for the session's
+life, past the model's context (:mod:`.pinned_context`); with ``"ring"`` (the default) it is
+overwritten first, as in moshi.
 
 Synchronous and single-threaded: call it from one worker thread. Never imports trio.
 """
@@ -18,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -27,6 +30,8 @@ import torch
 
 from ..audio import FRAME_SAMPLES
 from .engine import (
+    CONTEXT_POLICIES,
+    DEFAULT_CONTEXT_POLICY,
     GREEDY,
     NUM_CODEBOOKS,
     TEXT_EPAD_ID,
@@ -35,7 +40,7 @@ from .engine import (
     SessionPrompt,
     StepOutput,
 )
-from .errors import InvalidRuntimeConfig, InvalidVoice
+from .errors import InvalidVoice
 from .family import ModelFamily, detect_family, wrap_with_system_tags
 from .lm_runner import LMRunner, SlotState
 from .loading import LoadedCheckpoint
@@ -84,11 +89,15 @@ class MoshiEngine:
         prefill: PrefillMode = "snapshot",
         snapshot_cache_size: int = 32,
         torch_threads: int | None = 1,
+        context_policy: str = DEFAULT_CONTEXT_POLICY,
+        pin_max: int | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
         if prefill not in ("snapshot", "burst"):
             raise ValueError(f"prefill must be 'snapshot' or 'burst', got {prefill!r}")
+        if context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, got {context_policy!r}")
         if checkpoint.device.type == "cpu" and torch_threads is not None:
             configure_torch_threads(torch_threads)
         install_sampler()
@@ -99,13 +108,24 @@ class MoshiEngine:
         self._prefill_mode = prefill
         self._snapshot_cache_size = snapshot_cache_size
         lm = checkpoint.lm
+        self.context_policy = context_policy
+        self.context = int(lm.context or 0)
+        # The cap of a pinned prompt (default a quarter of the context; a prompt of P positions
+        # leaves the session C - P of recent memory); None: moshi's ring, which ignores pin_max.
+        self.pin_max: int | None = None
+        if context_policy == "pin-prompt":
+            if not self.context:
+                raise ValueError("context_policy 'pin-prompt' needs an LM with a finite context")
+            self.pin_max = self.context // 4 if pin_max is None else pin_max
+            if not 0 <= self.pin_max < self.context:
+                raise ValueError(f"pin_max must be in 0..{self.context - 1}, got {self.pin_max}")
         self._twin: LMRunner | None = None
         if self.family.capabilities.prefill and prefill == "snapshot":
             # A second LMModel that shares every parameter and buffer (no extra weights), so
             # a prompt can be computed at B=1 without touching the batch's state.
             memo = {id(t): t for t in itertools.chain(lm.parameters(), lm.buffers())}
-            self._twin = LMRunner(copy.deepcopy(lm, memo), 1, cuda_graphs=False)
-        self._runner = LMRunner(lm, slots)
+            self._twin = LMRunner(copy.deepcopy(lm, memo), 1, cuda_graphs=False, pin_width=self.pin_max)
+        self._runner = LMRunner(lm, slots, pin_width=self.pin_max)
         self._mimi = checkpoint.mimi
         self._mimi.streaming_forever(slots)
         self._tokenizer = checkpoint.tokenizer
@@ -117,8 +137,22 @@ class MoshiEngine:
                 self.voice(name)
         if self.family.capabilities.prefill and lm.context:
             self.family = attrs.evolve(
-                self.family, context_positions=int(lm.context), prompt_positions=self._prompt_positions
+                self.family,
+                context_positions=int(lm.context),
+                prompt_positions=self._prompt_positions,
+                prompt_budget=self.pin_max,
+                pinned_prompt=self.pin_max is not None,
             )
+            if self.pin_max is not None and self.family.default_voice is not None:
+                # Sessions that set no persona get the default one: it must be pinnable.
+                default = self._prompt_positions(self.family.session_prompt())
+                if default > self.pin_max:
+                    raise ValueError(
+                        f"context_policy 'pin-prompt': the default prompt ({self.family.default_voice}, "
+                        f"the default persona) takes {default} positions, more than the pinned "
+                        f"prompt's cap of {self.pin_max}; raise the cap (pin_max, serve "
+                        f"--max-pinned-prompt), to at most {self.context - 1}"
+                    )
         self._snapshots: OrderedDict[tuple[str, str], SlotState] = OrderedDict()
         self._plans: dict[tuple[str, str], PrefillPlan] = {}
         self._prepare_lock = threading.Lock()
@@ -141,18 +175,27 @@ class MoshiEngine:
         if self._description is not None:
             return self._description
         checkpoint = self.checkpoint
+        engine: dict[str, Any] = {
+            "slots": self.slots,
+            "family": self.family.name,
+            "voices": list(self.family.voices),
+            "prefill": self._prefill_mode,
+            "device": str(checkpoint.device),
+            "machine": platform.machine(),
+            # A log without these was served with moshi's ring (and replays so).
+            "context_policy": self.context_policy,
+            "context": self.context,
+        }
+        if self.pin_max is not None:
+            # Each epoch's pin is its prompt's positions (at most pin_max), which a replay
+            # computes again from the logged prompt.
+            assert self._runner.pins is not None
+            engine.update(pin="prompt", pin_max=self.pin_max, attention=self._runner.pins.kernel)
         self._description = EngineDescription(
             model_id=self.model_id,
             checkpoint_sha256=checkpoint.files.lm_sha256(progress),
             dtype=str(checkpoint.dtype).removeprefix("torch."),
-            engine={
-                "slots": self.slots,
-                "family": self.family.name,
-                "voices": list(self.family.voices),
-                "prefill": self._prefill_mode,
-                "device": str(checkpoint.device),
-                "machine": platform.machine(),
-            },
+            engine=engine,
         )
         return self._description
 
@@ -183,12 +226,7 @@ class MoshiEngine:
         if key not in self._plans:
             tokens = self._tokenizer.encode(wrap_with_system_tags(prompt.persona))
             plan = build_prefill_plan(self.voice(voice), list(tokens))
-            context = int(self.checkpoint.lm.context or 0)
-            if context and len(plan) > context * 3 // 4:
-                raise InvalidRuntimeConfig(
-                    f"the persona is too long: its prompt takes {len(plan)} of the model's "
-                    f"{context} context positions (at most {context * 3 // 4})"
-                )
+            self.family.check_prompt_positions(len(plan))
             self._plans[key] = plan
         return self._plans[key]
 
@@ -220,7 +258,7 @@ class MoshiEngine:
                 return snap
             started = time.perf_counter()
             self._twin.reset(0, prompt.sampling)
-            self._twin.run_prefill(0, plan, prompt.sampling, progress=progress)
+            self._twin.run_prefill(0, plan, prompt.sampling, progress=progress, pin=self._pin_of(plan))
             snap = self._twin.snapshot(0, len(plan))
             self.stats.prefill_compute_seconds_total += time.perf_counter() - started
             self.stats.prefill_snapshot_misses += 1
@@ -228,6 +266,10 @@ class MoshiEngine:
             while len(self._snapshots) > self._snapshot_cache_size:
                 self._snapshots.popitem(last=False)
             return snap
+
+    def _pin_of(self, plan: PrefillPlan) -> int:
+        """The positions a slot keeps past the context: its whole prompt, when pinning."""
+        return len(plan) if self.pin_max is not None else 0
 
     # -- the engine interface ------------------------------------------------------------------
     def reset(self, slot: int, prompt: SessionPrompt | None) -> None:
@@ -247,7 +289,7 @@ class MoshiEngine:
         if snap is not None:
             self._runner.paste(slot, snap)
         elif plan is not None:
-            self._runner.run_prefill(slot, plan, sampling)
+            self._runner.run_prefill(slot, plan, sampling, pin=self._pin_of(plan))
         self.stats.resets += 1
         self.stats.last_reset_seconds = time.perf_counter() - started
 

@@ -114,7 +114,7 @@ def tiny_mimi_config() -> dict[str, Any]:
 
 
 @contextmanager
-def _deterministic(seed: int) -> Iterator[None]:
+def deterministic(seed: int) -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -138,7 +138,7 @@ def _synthetic_calibration_audio(seed: int, count: int = 8, seconds: float = 2.0
 
 
 @torch.no_grad()
-def _calibrate_codebooks(mimi: Any, seed: int) -> None:
+def calibrate_codebooks(mimi: Any, seed: int) -> None:
     """Fill each RVQ level with codewords spread like that level's residuals on real input."""
     audio = torch.from_numpy(_synthetic_calibration_audio(seed))[:, None]
     latent = mimi.encoder(audio)
@@ -238,13 +238,13 @@ def make_voice_prompt(
     return {"embeddings": embeddings.contiguous(), "cache": cache}
 
 
-def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
 
 
-def _write_json(data: dict[str, Any], path: Path) -> None:
+def write_json(data: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -257,10 +257,10 @@ def make_tiny_model(out_dir: Path, *, seed: int = 0, parrot: bool = False) -> Pa
     if any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir}: not empty")
     mimi_config = tiny_mimi_config()
-    with _deterministic(seed):
+    with deterministic(seed):
         mimi = loaders.get_mimi(None, mimi_config=mimi_config, num_codebooks=8)
-        _calibrate_codebooks(mimi, seed)
-        _save_tensors(mimi.state_dict(), out_dir / MIMI_NAME)
+        calibrate_codebooks(mimi, seed)
+        save_tensors(mimi.state_dict(), out_dir / MIMI_NAME)
         (out_dir / TOKENIZER_NAME).write_bytes(build_tokenizer_bytes())
         if parrot:
             from .parrot import PARROT_LM, build_parrot_lm
@@ -272,9 +272,9 @@ def make_tiny_model(out_dir: Path, *, seed: int = 0, parrot: bool = False) -> Pa
             kwargs = dict(loaders._lm_kwargs)
             kwargs.update(lm_config, dep_q=8, depformer_context=8)
             lm = loaders.get_moshi_lm(None, lm_kwargs=kwargs, dtype=torch.float32)
-        _save_tensors(lm.state_dict(), out_dir / LM_NAME)
-        _write_json(lm_config, out_dir / LM_CONFIG_NAME)
-        _write_json(mimi_config, out_dir / MIMI_CONFIG_NAME)
+        save_tensors(lm.state_dict(), out_dir / LM_NAME)
+        write_json(lm_config, out_dir / LM_CONFIG_NAME)
+        write_json(mimi_config, out_dir / MIMI_CONFIG_NAME)
         # Voices come from the checkpoint as loaded back, so they match what the engine sees.
         lm_kwargs = dict(loaders._lm_kwargs)
         lm_kwargs.update(lm_config, dep_q=8, depformer_context=8)

@@ -28,6 +28,7 @@ from .replayer import (
     UnreadableLog,
     header_of,
     logged_batch_width,
+    logged_context_policy,
     replay_logic,
     replay_model,
 )
@@ -84,8 +85,10 @@ def _write_wav(path: Path, pcm16: bytes) -> None:
 
 
 class EngineCache:
-    """One engine per (model spec, family, dtype, batch width), reused across logs (it is reset
-    per epoch). The width is the one each log was served at, unless ``batch_width`` overrides it."""
+    """One engine per (model spec, family, dtype, batch width, context policy), reused across
+    logs (it is reset per epoch). The width is the one each log was served at, unless
+    ``batch_width`` overrides it; the context policy and its pin cap are the log's (a log that
+    names none was served with moshi's ring)."""
 
     def __init__(
         self,
@@ -100,7 +103,7 @@ class EngineCache:
         self.dtype = dtype  # None: the dtype each log was served in (its header's)
         self.force = force
         self.batch_width = batch_width
-        self._engines: dict[tuple[str, str, str, int], ModelEngine] = {}
+        self._engines: dict[tuple[str, str, str, int, str, int | None], ModelEngine] = {}
 
     def for_header(self, header: r.Header) -> ModelEngine:
         from ..model.factory import open_engine
@@ -109,10 +112,17 @@ class EngineCache:
         family = (header.engine or {}).get("family")
         dtype = self.dtype or header.dtype or "float32"
         width = self.batch_width or logged_batch_width(header)
-        key = (spec, family or "", dtype, width)
+        policy, pin_max = logged_context_policy(header)
+        key = (spec, family or "", dtype, width, policy, pin_max)
         if key not in self._engines:
             self._engines[key] = open_engine(
-                spec, slots=width, device=self.device, dtype=dtype, family=family
+                spec,
+                slots=width,
+                device=self.device,
+                dtype=dtype,
+                family=family,
+                context_policy=policy,
+                pin_max=pin_max,
             )
         engine = self._engines[key]
         sha = engine.describe().checkpoint_sha256

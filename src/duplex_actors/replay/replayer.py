@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ..log import records as r
 from ..log.segment import LogCorruption, ReadResult, TornTail, read_records
-from ..model.engine import ModelEngine
+from ..model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY, ModelEngine
 from ..model.family import detect_family
 from ..model.voices import AliasedVoices
 from ..session import events as ev
@@ -116,6 +116,21 @@ def logged_batch_width(header: r.Header) -> int:
     """The engine's batch width (slots) when the session was served; 1 for a log that does not say."""
     slots = (header.engine or {}).get("slots", 1)
     return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1 else 1
+
+
+def logged_context_policy(header: r.Header) -> tuple[str, int | None]:
+    """The context policy the session was served with and its pin cap: ``("ring", None)`` for
+    a log that does not say (every log before pinned prompts existed)."""
+    engine = header.engine or {}
+    policy = engine.get("context_policy", DEFAULT_CONTEXT_POLICY)
+    if policy not in CONTEXT_POLICIES:
+        raise UnreadableLog(f"the log names an unknown context policy {policy!r}")
+    if policy == DEFAULT_CONTEXT_POLICY:
+        return policy, None
+    pin_max = engine.get("pin_max")
+    if not isinstance(pin_max, int) or isinstance(pin_max, bool):
+        raise UnreadableLog(f"the log's context policy {policy!r} comes without its pin_max")
+    return policy, pin_max
 
 
 def _core_for(header: r.Header) -> SessionCore:
