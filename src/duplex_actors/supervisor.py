@@ -133,8 +133,6 @@ class Supervisor:
         config = self.config
         if index > 0 and config.agent_port is not None:
             # One agent responder per server: it answers for all of them (the core's slots).
-            import attrs
-
             config = attrs.evolve(config, agent_port=None)
         config = _with_core(config, self.address)
         spec = FrontEndSpec(
@@ -221,8 +219,6 @@ class Supervisor:
 
 
 def _with_core(config: ServerConfig, address: str) -> ServerConfig:
-    import attrs
-
     return attrs.evolve(config, engine_core=address)
 
 
