@@ -156,6 +156,26 @@ async def test_autostart_0_invalid_first_session_update_echoes_its_event_id(parr
         await c.wait_until(lambda: c.output_frames() == 1)
 
 
+async def test_sampling_value_the_engine_cannot_hold_is_refused_and_the_session_goes_on(parrot_server):
+    """``top_k`` of 2**63 is a valid JSON integer but no int64: it is refused when the update
+    is validated, never later, inside the engine (which would end the session with 1011)."""
+    async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1") as c:
+        await c.wait_for("session.updated")
+        await c.send(
+            {"type": "session.update", "event_id": "huge", "session": {"temperature": 0.8, "top_k": 2**63}}
+        )
+        await c.wait_for("error")
+        err = c.errors()[0]
+        assert error_code(err) == "invalid_duplex_runtime_config", err
+        assert client_event_id(err) == "huge" and "top_k must be < 2**31" in err["error"]["message"]
+        await c.append(frames(2))
+        await c.wait_until(lambda: c.output_frames() >= 2)
+        await c.send({"type": "response.cancel"})  # a new epoch: its context takes the config
+        await c.append(frames(3, seed=1))
+        await c.wait_until(lambda: c.output_frames() >= 5)
+        assert c.error_codes() == ["invalid_duplex_runtime_config"] and not c.closed.is_set()
+
+
 async def test_wrong_model_is_refused_with_model_not_found(parrot_server):
     async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1&model=gpt-4o-realtime-preview") as c:
         await c.wait_closed()

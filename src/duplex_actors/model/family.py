@@ -49,6 +49,9 @@ class FamilyCapabilities:
     sampling: bool = True
 
 
+MAX_TOP_K = 2**31
+
+
 def validate_sampling(values: Mapping[str, Any], default: SamplingConfig) -> SamplingConfig:
     """Build a SamplingConfig from client values (``temperature``, ``seed``, ...)."""
     fields: dict[str, Any] = {}
@@ -64,14 +67,20 @@ def validate_sampling(values: Mapping[str, Any], default: SamplingConfig) -> Sam
         value = values[name]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidRuntimeConfig(f"{name} must be a number")
-        if kind is int and (not float(value).is_integer()):
+        # JSON integers have no bound: compare ints as ints (float() of a huge one overflows).
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRuntimeConfig(f"{name} must be a finite number >= 0")
+        if kind is int and isinstance(value, float) and not value.is_integer():
             raise InvalidRuntimeConfig(f"{name} must be an integer")
-        if not math.isfinite(float(value)) or value < 0:
+        if value < 0:
             raise InvalidRuntimeConfig(f"{name} must be a finite number >= 0")
         if name.startswith("temperature") and value > 5:
             raise InvalidRuntimeConfig(f"{name} must be <= 5")
         if name == "seed" and value >= 2**32:
             raise InvalidRuntimeConfig("seed must be < 2**32")
+        # The engine holds top_k in an int64 tensor; any k past the vocabulary means all of it.
+        if name.startswith("top_k") and value >= MAX_TOP_K:
+            raise InvalidRuntimeConfig(f"{name} must be < 2**31")
         fields[name] = kind(value)
     return attrs.evolve(default, **fields)
 
