@@ -112,8 +112,13 @@ def _check_stream(watch: Watch, *, tiny: bool) -> None:
     assert deltas, watch.name
     for d in deltas:
         assert len(d.pcm16) % (FRAME * 2) == 0  # whole 80 ms frames
-    # Never more output than input; at most 4 frames (320 ms) behind when the input ends.
-    assert watch.min_ahead >= 0 and all(0 <= lag <= 4 for lag in watch.lags), (watch.name, watch.lags)
+    # Never more output than input. At most 4 frames (320 ms) behind when the input ends is the
+    # server's own pacing, checked with the parrot model, whose step costs ~1 ms: the tiny
+    # model's step is near the 80 ms frame on a small CPU, so its lag measures the machine
+    # (_stream_all still waits for every frame to come back).
+    assert watch.min_ahead >= 0 and all(lag >= 0 for lag in watch.lags), (watch.name, watch.lags)
+    if not tiny:
+        assert all(lag <= 4 for lag in watch.lags), (watch.name, watch.lags)
     if tiny:
         audio = pcm16_to_float(b"".join(d.pcm16 for d in deltas))
         assert rms(audio) > 1e-4, f"{watch.name}: silent output"
