@@ -126,9 +126,9 @@ class SessionHandle:
         sample_rate_hz: int = SAMPLE_RATE,
         pad_ms: int = 0,
     ) -> None:
-        """Audio as received, in any input format and rate of spec §3 (the core resamples).
-        Waits while the session's backlog is over its soft budget (decision 11). ``pad_ms``:
-        silence the client asks for before this audio (spec section 7), logged as a ``pad``
+        """Audio as received, in any input format and rate of docs/protocol.md §3 (the core resamples).
+        Waits while the session's backlog is over its soft budget (docs/design.md, decision 11). ``pad_ms``:
+        silence the client asks for before this audio (docs/protocol.md §7), logged as a ``pad``
         record just before the append."""
         record = r.Append(audio, format, client_event_id, sample_rate_hz)
         if pad_ms:
@@ -467,7 +467,7 @@ class DuplexServer(Generic[SchedulerT]):
         """Create the session in ``slot`` (admitted for it; freed again if this raises)."""
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
-        # opening config is (spec: the session opens with the defaults, then an error).
+        # opening config is: the session opens with the defaults, then an error.
         config, refusal = fitting_config(core, config)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
         try:

@@ -1,4 +1,4 @@
-"""Alignment to the tick grid (spec section 7), sans-io: when to pad a session's input, and by how much.
+"""Alignment to the tick grid (docs/protocol.md §7), sans-io: when to pad a session's input, and by how much.
 
 The scheduler steps every session on one grid (tick n at ``origin + n * period``). A session's
 80 ms frames complete when its appends arrive, at some phase relative to the ticks, and wait for
