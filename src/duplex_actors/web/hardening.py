@@ -441,7 +441,7 @@ def guard_connections(
 ) -> None:
     """Contain hypercorn's per-connection exceptions: without this, an Upgrade request followed
     by trailing bytes raises inside hypercorn's TCP handler and takes the whole process down
-    (hypercorn's issue #225). Also bound request bodies and open connections,
+    (https://github.com/pgjones/hypercorn/issues/225). Also bound request bodies and open connections,
     close without RST, and never wait on a finished app (see the module's docstring).
     Process-wide and idempotent; ``on_dropped(reason)`` counts what the bounds closed."""
     global _limits
