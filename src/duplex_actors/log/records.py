@@ -15,11 +15,11 @@ from typing import Any, ClassVar, Final
 import attrs
 
 # 2: ``append`` records carry ``sample_rate_hz`` and any input format (G.711 too); a version 1
-# log has neither, and its appends read as 24 kHz, so it replays as it always did.
+# log has neither, and its appends read as 24 kHz pcm16.
 # 3: ``rejected`` records may carry ``audio_bytes``: an append refused with
 # ``input_backpressure`` is logged as that small record, without its audio (docs/design.md, decision 11).
 # Older logs hold such refused appends as ``append`` records; the core refuses them again on
-# replay, with the same error, so they replay as they always did.
+# replay, with the same error.
 # 4: alignment (docs/protocol.md §7): ``pad``, ``align_hint`` and ``drain`` records; the core fills
 # ``input_samples_end`` on output frames only for logs of this version or later, so the event
 # digests of older logs do not move.

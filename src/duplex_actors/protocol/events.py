@@ -424,7 +424,7 @@ class RealtimeResponseSpeak:
 class RealtimeOutputAudioDelta:
     """``delta``: base64 mono audio in the session's output format, whole 80 ms frames:
     ``pcm16`` (LE) at 24000 Hz, or ``g711_ulaw``/``g711_alaw`` at 8000 Hz; ``format`` is sent
-    for G.711 only (absent: pcm16), so pcm16 deltas are what they always were."""
+    for G.711 only (absent: pcm16), so a pcm16 delta has only the stock Realtime fields."""
 
     TYPE: ClassVar[str] = "response.output_audio.delta"
     BETA_TYPE: ClassVar[str | None] = "response.audio.delta"

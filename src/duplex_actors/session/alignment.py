@@ -38,9 +38,10 @@ Left out of the percentile: lateness above ``margin_max_ms`` (a stall no margin 
 scheduler's catch-ups and drains handle it) with the frames that arrived with it
 (``STALL_JOIN_S``), and frames whose tick the scheduler held because most sessions were late
 together (``Grid.held``), unless such frames are ``SYSTEMATIC_SHARE`` of the window (the tail of
-the aligned sessions' burst of appends, late at every tick, which the margin must cover). The margin is raised only when frames came later than
-it allows in two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this
-window and the one before, or at once when late frames are ``SYSTEMATIC_SHARE`` of the window.
+the aligned sessions' burst of appends, late at every tick, which the margin must cover). The
+margin is raised only when frames came later than it allows in two bursts (late frames at most
+``BURST_GAP`` frames apart are one) over this window and the one before, or at once when late
+frames are ``SYSTEMATIC_SHARE`` of the window.
 
 Re-alignment (reason "drift" or "margin") happens when frames would complete later than the
 margin allows, or more than one pad granule plus ``realign_gain_ms`` earlier than needed.

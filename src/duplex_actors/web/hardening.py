@@ -358,8 +358,9 @@ async def _lingering_close(self: Any) -> None:
     app's, which quart-trio or our own handler may cancel at any point) sends the FIN, gives the
     read loop the linger's deadline and returns: the loop drops what comes until the peer's EOF
     or that deadline, then hypercorn's ``run`` closes (a cancelled app task would skip the
-    linger and reset its client). An HTTP peer with no input waiting owes us nothing, so its connection closes at once (a linger
-    would let a head with no body hold a descriptor for the whole linger)."""
+    linger and reset its client). An HTTP peer with no input waiting owes us nothing, so its
+    connection closes at once (a linger would let a head with no body hold a descriptor for the
+    whole linger)."""
     done: trio.Event | None = getattr(self, "_duplex_reader_done", None)
     reading = done is not None and not done.is_set()
     in_reader = reading and self._duplex_reader is trio.lowlevel.current_task()
