@@ -31,7 +31,7 @@ Routes (the :data:`routes` blueprint): ``WS /v1/realtime`` (OpenAI Realtime proj
 ``GET /metrics`` and ``POST /v1/chat/completions`` (a clear 400: a lockstep model has no chat
 completions); the browser page's routes come from ``web/page.py``. :class:`DuplexApp` serves
 the three WebSocket routes straight from ASGI (``web/asgi_ws.py``: no quart task and queue hop
-per message), with what quart did kept; the bare quart app serves them through quart.
+per message), with quart's behaviour kept; the bare quart app serves them through quart.
 
 Scale-out (docs/scaling.md): ``agent_port`` answers HAProxy's agent checks; ``admission_refusal
 = "http"`` reserves a slot at the handshake and refuses a full server's upgrade with HTTP 503 +

@@ -5,7 +5,7 @@ The model, the session core, the wire protocol and the clients all work in 80 ms
 mono samples at 24 kHz; this module is the one place that says so. It imports nothing of this
 package, so any layer may import it.
 
-Input (spec §3) is pcm16 or pcm_f32le at one of :data:`INPUT_RATES`, or G.711 mu-law/A-law at
+Input (docs/protocol.md §3) is pcm16 or pcm_f32le at one of :data:`INPUT_RATES`, or G.711 mu-law/A-law at
 8 kHz; :class:`InputStream` turns a session's appends, in order, into 24 kHz float32 with one
 ``soxr.ResampleStream`` per (format, rate) run. soxr is deterministic and its streaming output
 does not depend on how the input was split, so the model input is a function of the logged

@@ -25,5 +25,5 @@ class Counters:
         self.sessions_by_dialect: Counter[str] = Counter()
         # Client messages read and not applied (e.g. /api/chat audio before its handshake).
         self.ignored_messages: Counter[str] = Counter()
-        # Alignment pads inserted into sessions' input (24 kHz samples; spec section 7).
+        # Alignment pads inserted into sessions' input (24 kHz samples; docs/protocol.md §7).
         self.align_pad_samples = 0

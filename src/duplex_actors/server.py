@@ -126,9 +126,9 @@ class SessionHandle:
         sample_rate_hz: int = SAMPLE_RATE,
         pad_ms: int = 0,
     ) -> None:
-        """Audio as received, in any input format and rate of spec §3 (the core resamples).
-        Waits while the session's backlog is over its soft budget (decision 11). ``pad_ms``:
-        silence the client asks for before this audio (spec section 7), logged as a ``pad``
+        """Audio as received, in any input format and rate of docs/protocol.md §3 (the core resamples).
+        Waits while the session's backlog is over its soft budget (docs/design.md, decision 11). ``pad_ms``:
+        silence the client asks for before this audio (docs/protocol.md §7), logged as a ``pad``
         record just before the append."""
         record = r.Append(audio, format, client_event_id, sample_rate_hz)
         if pad_ms:
@@ -467,7 +467,7 @@ class DuplexServer(Generic[SchedulerT]):
         """Create the session in ``slot`` (admitted for it; freed again if this raises)."""
         core = SessionCore(session_id, self.policy, self.limits)
         # A persona too long for the context in the opening config is refused as any invalid
-        # opening config is (spec: the session opens with the defaults, then an error).
+        # opening config is: the session opens with the defaults, then an error.
         config, refusal = fitting_config(core, config)
         send, receive = trio.open_memory_channel[ev.SessionEvent](self.outbox_size)
         try:
@@ -676,15 +676,23 @@ async def open_duplex_server(
 ) -> AsyncIterator[DuplexServer[Scheduler]]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
 
-    ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
-    and log I/O inline instead of in worker threads. ``tick_policy`` names the scheduler's
-    policy (``grid``, ``deadline`` or ``window``, scheduler/policy.py). ``session_ids`` makes ids (random by
-    default; recordings of the golden corpus use fixed ones). ``log_max_age_s`` and
-    ``log_max_bytes`` prune finished logs (oldest first) every ``retention_interval_s``.
-    ``opus_workers`` sizes the Opus codec pool of ``/api/chat`` (:meth:`DuplexServer.get_opus_pool`).
-    While the log dir cannot be written, it is probed every ``log_probe_interval_s``.
-    ``voice_aliases`` (``model.voices.voice_alias_table``): voice names sessions may ask for
-    besides the bundled ones, recorded in every log's header.
+    - ``virtual_time=True`` (tests under ``trio.testing.MockClock``, replay) runs engine calls
+      and log I/O inline instead of in worker threads.
+    - ``tick_policy`` names the scheduler's policy (``grid``, ``deadline`` or ``window``:
+      ``scheduler/policy.py``); ``max_batch_wait_ms`` is the window policy's wait.
+    - ``limits`` bounds each session's buffered input and config; ``outbox_size`` is each
+      session's bound of events not yet taken by its connection.
+    - ``fsync``: whether the log writer's commits call ``fdatasync``; ``policy`` validates
+      voices and personas (default: ``engine.family``).
+    - ``session_ids`` makes ids (random by default; recordings of the golden corpus use fixed
+      ones).
+    - ``log_max_age_s`` and ``log_max_bytes`` prune finished logs (oldest first) every
+      ``retention_interval_s``; while the log dir cannot be written, it is probed every
+      ``log_probe_interval_s``.
+    - ``opus_workers`` sizes the Opus codec pool of ``/api/chat``
+      (:meth:`DuplexServer.get_opus_pool`).
+    - ``voice_aliases`` (``model.voices.voice_alias_table``): voice names sessions may ask for
+      besides the bundled ones, recorded in every log's header.
     """
     clock = VIRTUAL_TIME if virtual_time else REAL_TIME
     log_dir = Path(log_dir)

@@ -84,6 +84,17 @@ async def stream(
         t += chunk_bytes / 48_000
 
 
+async def answered(client: Client) -> None:
+    """Return once the output answers the client's last whole input frame (a delta whose input
+    ends less than a frame before the end of what the client sent)."""
+    await client.wait_until(
+        lambda: any(
+            d["metadata"]["input_samples_end"] > client.samples_sent - FRAME_SAMPLES for d in client.deltas()
+        ),
+        what="the output of the last whole input frame",
+    )
+
+
 def hints(client: Client) -> list[dict[str, Any]]:
     return client.of_type("input_audio_buffer.alignment")
 
@@ -115,7 +126,7 @@ def test_server_pad_for_20_ms_chunks(grid: tuple[ServerProcess, float]) -> None:
             await client.wait_for("session.created")
             await start_at(t0, shift - 0.060)  # frames (every 4th chunk) complete SHIFT after the warm-up's
             await stream(client, audio, 960)
-            await trio.sleep(0.3)
+            await answered(client)
         return client, await read_records(server, client.session_id)
 
     # The server's own start-up session may have booked the grid: no pad is owed when frames
@@ -161,7 +172,7 @@ def test_client_hint_for_an_opted_in_80_ms_client(grid: tuple[ServerProcess, flo
             )
             await start_at(t0, shift)
             await stream(client, audio, 3840, hint_pads=pads)
-            await trio.sleep(0.3)
+            await answered(client)
         return client, await read_records(server, client.session_id)
 
     # As for the 20 ms pad: frames that already complete just before a tick owe no hint (the
@@ -196,7 +207,7 @@ def test_100_ms_chunks_are_served_unaligned(grid: tuple[ServerProcess, float]) -
             await client.wait_for("session.updated", since=2)
             await start_at(t0, SHIFT)
             await stream(client, audio, 4800)
-            await trio.sleep(0.3)
+            await answered(client)
         return client, await read_records(server, client.session_id)
 
     client, records = trio.run(main)

@@ -124,6 +124,16 @@ def paced_audio(frames: int, seed: int) -> bytes:
     return f32(tone_and_noise(frames * FRAME_SAMPLES / 24_000, seed=seed))
 
 
+def sequenced(recorder: Any) -> int:
+    """The sequenced server events the client has received."""
+    return sum("server_event_seq" in e for e in recorder.received)
+
+
+def acks(recorder: Any) -> int:
+    """The ``session.event_ack`` messages the client has sent."""
+    return sum(m["type"] == "session.event_ack" for m in recorder.sent)
+
+
 async def wait_until(predicate: Any, what: str, timeout_s: float = 15.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
@@ -166,7 +176,8 @@ async def scenario(url: str, vo: types.SimpleNamespace) -> dict[str, Any]:
             ),
             "the new response's frames",
         )
-        await asyncio.sleep(0.3)  # let the last acks reach the server before closing
+        for r in recorders[:2]:  # every event acknowledged before the close, on the same socket
+            await wait_until(lambda r=r: acks(r) == sequenced(r), "every event acknowledged")
     out["closed"] = [a._closed.is_set(), b._closed.is_set()]
     return out
 

@@ -31,6 +31,7 @@ from .conftest import (
     tone_pcm16,
     upgrade_request,
 )
+from .test_disconnects import tcp_queues
 from .test_model_faults import opened, received_frames, stream
 
 KEY = "sk-reliability"
@@ -110,11 +111,11 @@ async def test_sigterm_with_live_sessions_exits_0_within_the_drain_time(tmp_path
             stuck_ws = None
             if stuck:
                 stuck_ws = await RawWS.connect(server.port, "/v1/realtime", rcvbuf=4096)
-                await stuck_ws.recv_event("session.updated")
+                updated = await stuck_ws.recv_event("session.updated")
                 msg = frame_bytes(OP_TEXT, append_text(tone_pcm16(1)).encode())
                 for _ in range(20):  # 1.6 s of audio: its output fills the small socket buffers
                     await stuck_ws.send(msg)
-                await trio.sleep(1.0)
+                await output_stuck(server, stuck_ws, updated["session"]["id"], steps=12)
             for c in clients:
                 await c.wait_until(lambda c=c: received_frames(c) >= 3)
             t0 = time.monotonic()
@@ -151,6 +152,23 @@ async def test_sigterm_with_live_sessions_exits_0_within_the_drain_time(tmp_path
     assert [bool(c.of_type("session.closing")) for c in clients] == [False, True, True]
     assert all(ends[c.session_id] == "server_shutdown" for c in clients)
     assert exit_s <= DRAIN_S + 0.5
+
+
+async def output_stuck(server, ws: RawWS, session_id: str, steps: int, timeout: float = 10.0) -> None:
+    """Return once ``steps`` of the session's frames are stepped and its output waits in the
+    server's send queue (the client, which does not read, has a full receive buffer)."""
+    log_path = server.log_dir / f"{session_id}.dlog"
+    client_port = ws.stream.socket.getsockname()[1]
+
+    def stuck() -> bool:
+        if not log_path.exists():
+            return False
+        stepped = sum(isinstance(rec, r.Step) for _, rec in read_log(log_path).records)
+        return stepped >= steps and tcp_queues(server.port, client_port).get("server_tx", 0) > 0
+
+    with trio.fail_after(timeout):
+        while not stuck():
+            await trio.sleep(0.02)
 
 
 async def streaming_client(url: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

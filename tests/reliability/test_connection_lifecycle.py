@@ -193,7 +193,9 @@ async def test_clients_streaming_at_sigterm_see_1012_every_time(tmp_path, parrot
             async with trio.open_nursery() as nursery:
                 for ws, result in zip(clients, results, strict=True):
                     nursery.start_soon(blast_until_closed, ws, result)
-                await trio.sleep(0.5)
+                with trio.fail_after(10):  # every client is streaming, ahead of what the server takes
+                    while min(result.get("sent", 0) for result in results) < 40:
+                        await trio.sleep(0.01)
                 t0 = time.monotonic()
                 server.proc.send_signal(signal.SIGTERM)
                 with trio.fail_after(15):

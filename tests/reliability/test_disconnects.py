@@ -86,7 +86,7 @@ async def test_client_killed_mid_frame_frees_its_slot_within_1s(edge_server, how
     # Half of one frame: the header announces the whole append, only half the payload follows.
     whole = frame_bytes(OP_TEXT, append_text(tone_pcm16(1, seed=1)).encode())
     await ws.send(whole[: len(whole) // 2])
-    await trio.sleep(0.05)  # let the server read the half frame
+    await server_has_read(edge_server.port, ws.stream.socket.getsockname()[1])
     if how == "rst":
         ws.abort()
     else:
@@ -178,6 +178,19 @@ def tcp_queues(port_a: int, port_b: int) -> dict[str, int]:
         elif (local, remote) == (port_b, port_a):
             out.update(client_tx=tx, client_rx=rx)
     return out
+
+
+async def server_has_read(server_port: int, client_port: int, timeout: float = 5.0) -> None:
+    """Return once every byte the client sent is read by the server process: nothing left in
+    the client's send queue (unacknowledged) nor in the server's receive queue."""
+
+    def read() -> bool:
+        q = tcp_queues(server_port, client_port)
+        return q.get("client_tx", 1) == 0 and q.get("server_rx", 1) == 0
+
+    with trio.fail_after(timeout):
+        while not read():
+            await trio.sleep(0.002)
 
 
 async def run_load(server, out: Path, sessions: int, seconds: float) -> dict:

@@ -275,8 +275,7 @@ async def test_control_acknowledgements_wait_for_their_commit(tmp_path, parrot_d
                 return time.monotonic() - t0
 
             plain = [await heartbeat(f"plain-{i}") for i in range(5)]
-            stall.touch()  # every fdatasync now takes 1.5 s first
-            await trio.sleep(0.2)
+            stall.touch()  # every fdatasync from now on (the heartbeat's commit) takes 1.5 s first
             stalled = await heartbeat("stalled")
             update_t0 = time.monotonic()
             await a.send({"type": "session.update", "session": {"temperature": 0.5}, "event_id": "upd"})

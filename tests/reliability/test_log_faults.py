@@ -105,6 +105,18 @@ async def test_fsync_error_fails_that_log_tells_the_session_and_stops_admissions
 
 
 # -- SIGKILL during writes ------------------------------------------------------------------------
+async def streaming(log_dir: Path, ids: list[str], sessions: int = 3, steps: int = 15) -> None:
+    """Return once ``sessions`` sessions are open and each log holds ``steps`` step records."""
+
+    def stepped(session_id: str) -> int:
+        path = log_dir / f"{session_id}.dlog"
+        return sum(isinstance(rec, r.Step) for _, rec in read_log(path).records) if path.exists() else 0
+
+    with trio.fail_after(30):
+        while len(ids) < sessions or min(stepped(i) for i in ids) < steps:
+            await trio.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, parrot_dir):
     """Three sessions stream as fast as the server takes them; SIGKILL mid-stream; then one
@@ -130,12 +142,11 @@ def killed(tmp_path_factory, parrot_dir):
         async with trio.open_nursery() as nursery:
             for i in range(3):
                 nursery.start_soon(one, i)
-            await trio.sleep(2.0)
+            await streaming(first.log_dir, ids)
             # The whole server at once (its engine core and its front ends), as a crash does.
             for pid in first.pids:
                 os.kill(pid, signal.SIGKILL)
             await trio.to_thread.run_sync(first.proc.wait)
-            await trio.sleep(0.2)
             nursery.cancel_scope.cancel()
 
     trio.run(load)

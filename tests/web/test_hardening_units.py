@@ -60,11 +60,13 @@ async def test_a_consumer_that_stops_reading_is_closed_without_blocking_anyone(p
 
         server._nursery.start_soon(read_fine)
         frame = np.full(1920, 0.1, dtype=np.float32)
-        for _ in range(12):
+        for k in range(12):
             if not stuck.closed:
                 await stuck.append(frame)
             await fine.append(frame)
-            await trio.sleep(0.1)
+            with trio.fail_after(5):  # the frame is stepped and its output read
+                while sum(isinstance(e, ev.AudioFrame) for e in got) <= k:
+                    await trio.sleep(0.01)
         assert stuck.closed and stuck.core.closed
         assert server.counters.sessions_closed["slow_consumer"] == 1
         assert sum(isinstance(e, ev.AudioFrame) for e in got) == 12

@@ -1,4 +1,4 @@
-"""A client of the ``/api/chat`` dialect (moshi / PersonaPlex wire protocol, spec section 9).
+"""A client of the ``/api/chat`` dialect (moshi / PersonaPlex wire protocol, docs/protocol.md §9).
 
 ::
 

@@ -199,7 +199,7 @@ _APPEND_HEAD, _APPEND_TAIL = dumps(
 
 def append_message(audio: bytes, pad_ms: int | None = None) -> str:
     """``input_audio_buffer.append`` JSON text carrying ``audio`` (already in the session format);
-    ``pad_ms`` (alignment, wire-protocol section 7): the server inserts that much silence before
+    ``pad_ms`` (alignment, docs/protocol.md §7): the server inserts that much silence before
     this append's audio."""
     text = _APPEND_HEAD + base64.b64encode(audio).decode("ascii") + _APPEND_TAIL
     if pad_ms is None:

@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--align",
         choices=("client", "off"),
         default="client",
-        help="alignment to the server's tick (wire-protocol section 7): client (default: opt in and "
+        help="alignment to the server's tick (docs/protocol.md §7): client (default: opt in and "
         "follow the server's hints, sending a chunk pad_ms early) or off (the session is never padded)",
     )
     parser.add_argument(

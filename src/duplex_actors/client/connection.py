@@ -215,7 +215,7 @@ class DuplexClient:
     frames), ``samples_sent``/``frames_sent`` (input), ``events_received``, ``closed_event``
     (the ``session.closed``), ``close_code``/``close_reason`` (the WebSocket's).
 
-    Alignment (wire-protocol section 7): with ``alignment="client"`` (what
+    Alignment (docs/protocol.md §7): with ``alignment="client"`` (what
     :func:`open_duplex_client` asks for by default) the server may send
     ``input_audio_buffer.alignment {pad_ms}``; a paced :meth:`stream` of 80 ms chunks then sends
     its next chunk ``pad_ms`` early holding only ``80 - pad_ms`` ms of new audio, with ``pad_ms``
@@ -734,7 +734,7 @@ async def open_duplex_client(
     ``beta``: ask for OpenAI's beta event names (``OpenAI-Beta: realtime=v1``); the typed events
     are the same either way. ``on_event`` is called in the receive task for every event (keep it
     quick; an exception in it ends the connection and is re-raised on exit). ``alignment``: the
-    session's ``duplex.alignment`` (wire-protocol section 7): ``"client"`` (default: the client
+    session's ``duplex.alignment`` (docs/protocol.md §7): ``"client"`` (default: the client
     follows the server's alignment hints), ``"server"`` or ``"off"``; ``None`` sends nothing (a
     stock client: the server's default). A ``duplex`` key in ``config`` wins.
     """

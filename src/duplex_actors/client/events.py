@@ -86,7 +86,7 @@ class AudioDelta(ServerEvent):
 
 @attrs.frozen(kw_only=True)
 class AlignmentHint(ServerEvent):
-    """``input_audio_buffer.alignment`` (wire-protocol section 7; only to a session that opted in
+    """``input_audio_buffer.alignment`` (docs/protocol.md §7; only to a session that opted in
     with ``duplex: {"alignment": "client"}``): send the next chunk ``pad_ms`` early, holding only
     ``80 - pad_ms`` ms of new audio, with ``pad_ms`` on that append. ``reason``: ``start``,
     ``clear``, ``drift`` or ``margin``."""

@@ -21,7 +21,7 @@ is 80 ms (3840 bytes of pcm16@24000, 1280 of pcm16@8000, 640 of G.711).
   shows them).
 - latency per output frame (``latency_ms``): the frame's arrival minus the send time of the
   chunk that held the newest client sample its input depends on: the sample just before the
-  delta's ``input_samples_end`` (wire-protocol section 3), looked up in the ``(send time,
+  delta's ``input_samples_end`` (docs/protocol.md §3), looked up in the ``(send time,
   samples sent after it)`` record of every append (:func:`frame_latencies_ms`). This stays
   honest when the server pads a session to align it (server frame k then no longer answers
   message k) and whatever the chunk size. From a server that does not send

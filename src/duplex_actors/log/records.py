@@ -1,4 +1,4 @@
-"""Session log records (DESIGN §5) and their payload encoding.
+"""Session log records (docs/design.md §5) and their payload encoding.
 
 A record's payload is a JSON object (UTF-8, sorted keys, no NaN) followed by at most one raw
 binary blob (audio: input samples as received, or the output frame as PCM16), never base64:
@@ -15,12 +15,12 @@ from typing import Any, ClassVar, Final
 import attrs
 
 # 2: ``append`` records carry ``sample_rate_hz`` and any input format (G.711 too); a version 1
-# log has neither, and its appends read as 24 kHz, so it replays as it always did.
+# log has neither, and its appends read as 24 kHz pcm16.
 # 3: ``rejected`` records may carry ``audio_bytes``: an append refused with
-# ``input_backpressure`` is logged as that small record, without its audio (DESIGN decision 11).
+# ``input_backpressure`` is logged as that small record, without its audio (docs/design.md, decision 11).
 # Older logs hold such refused appends as ``append`` records; the core refuses them again on
-# replay, with the same error, so they replay as they always did.
-# 4: alignment (spec section 7): ``pad``, ``align_hint`` and ``drain`` records; the core fills
+# replay, with the same error.
+# 4: alignment (docs/protocol.md §7): ``pad``, ``align_hint`` and ``drain`` records; the core fills
 # ``input_samples_end`` on output frames only for logs of this version or later, so the event
 # digests of older logs do not move.
 # 5: ``cancel`` and ``clear_output`` carry ``reset`` (False: the response ends and the model keeps

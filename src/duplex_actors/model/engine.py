@@ -1,4 +1,4 @@
-"""The engine interface (DESIGN §5): B slots, per-slot reset, one batched lockstep step.
+"""The engine interface (docs/design.md §5): B slots, per-slot reset, one batched lockstep step.
 
 One input frame in, one output frame out, per slot and per step. A slot without a frame in
 a step is exec-masked: its state does not advance, as if that step never happened.
@@ -81,7 +81,7 @@ class StepOutput:
 
 @attrs.frozen(slots=True)
 class EngineDescription:
-    """What a session log's ``header`` records about the engine (DESIGN §5).
+    """What a session log's ``header`` records about the engine (docs/design.md §5).
 
     ``engine`` holds the engine's configuration (slots, family, voices, prefill mode, device,
     machine); the server adds its own session limits to it. An engine without a checkpoint

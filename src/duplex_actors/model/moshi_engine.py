@@ -1,4 +1,4 @@
-"""The batched lockstep engine over moshi 0.2.13 (DESIGN §2 "Model engine").
+"""The batched lockstep engine over moshi 0.2.13 (docs/design.md §2 "Model engine").
 
 Per step, for a ``[B, 1920]`` batch: Mimi streaming encode -> ``LMGen.step`` -> Mimi
 streaming decode. Slots without a frame are exec-masked and do not advance; rows the LM has

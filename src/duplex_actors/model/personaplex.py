@@ -1,6 +1,6 @@
 """PersonaPlex's prompt prefill on moshi 0.2.13: voice prompts and the forced-token schedule.
 
-A PersonaPlex session starts with a fully forced prompt (DESIGN §4.3, notes §3.3/§3.7):
+A PersonaPlex session starts with a fully forced prompt (docs/design.md, decision 3):
 voice positions -> 6 silence frames -> the tokens of ``"<system> persona <system>"`` -> 6
 silence frames. During the prompt the agent stream is forced to Mimi's silence codes and the
 user stream to a 440 Hz sine's codes. :func:`build_prefill_plan` turns a voice prompt and

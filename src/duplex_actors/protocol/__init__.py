@@ -1,5 +1,5 @@
 """The wire protocol, sans-io: client messages in, typed events out; session events in, server
-messages out (``docs/api.md``, spec ``wire-protocol.md``). No trio, no torch, no model.
+messages out (``docs/api.md``, ``docs/protocol.md``). No trio, no torch, no model.
 
 - :mod:`.errors`: the error codes and :class:`ProtocolError`.
 - :mod:`.events`: attrs classes of every client and server event of both dialects.

@@ -1,4 +1,4 @@
-"""The moshi / PersonaPlex dialect, ``WS /api/chat`` (spec §9), sans-io: message kinds, the
+"""The moshi / PersonaPlex dialect, ``WS /api/chat`` (docs/protocol.md §9), sans-io: message kinds, the
 query, and the projection of session events onto binary messages.
 
 Every message is one binary WebSocket frame whose first byte is its kind:

@@ -1,4 +1,4 @@
-"""The wire error codes of the spec (wire-protocol.md §4) and the exception the codec raises.
+"""The wire error codes of the spec (docs/protocol.md §4) and the exception the codec raises.
 
 Each code maps to the OpenAI ``error.type`` it is reported under: ``rate_limit_error`` when the
 server is full, ``server_error`` when the server failed, ``invalid_request_error`` for every
@@ -32,11 +32,11 @@ RESPONSE_CREATE_UNSUPPORTED: Final = "response_create_unsupported"
 # lockstep response is always active), which voice-agent frameworks tolerate.
 CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE: Final = "conversation_already_has_active_response"
 ITEM_RETRIEVE_INVALID_ITEM_ID: Final = "item_retrieve_invalid_item_id"  # OpenAI's code
-INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code (spec §8)
+INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code (docs/protocol.md §8)
 INVALID_EVENT_ACK: Final = "invalid_event_ack"
 CONFIG_TIMEOUT: Final = "config_timeout"
 RESOURCE_EXHAUSTED: Final = "resource_exhausted"
-RATE_LIMITED: Final = "rate_limited"  # held back by the connection's budget too long (spec §6)
+RATE_LIMITED: Final = "rate_limited"  # held back by the connection's budget too long (docs/protocol.md §6)
 SESSION_CLOSED: Final = "session_closed"
 LOG_UNAVAILABLE: Final = "log_unavailable"
 UNAUTHORIZED: Final = "unauthorized"

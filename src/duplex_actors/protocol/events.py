@@ -1,4 +1,4 @@
-"""The wire events of both dialects as frozen attrs classes (wire-protocol.md §4 and §5).
+"""The wire events of both dialects as frozen attrs classes (docs/protocol.md §4 and §5).
 
 Each event is one class, used everywhere it exists: :mod:`.codec` parses client events into
 them (its converter tags them on ``type``); :mod:`.realtime` and :mod:`.native` build the server
@@ -42,7 +42,7 @@ class SessionUpdate:
 class InputAudioBufferAppend:
     """``audio`` is base64; ``format``/``input_audio_format``/``sample_rate_hz`` override the
     session's input format for this chunk only. ``pad_ms`` (an integer in [0, 80)): milliseconds
-    of silence the server inserts before this chunk's audio (spec section 7)."""
+    of silence the server inserts before this chunk's audio (docs/protocol.md §7)."""
 
     TYPE: ClassVar[str] = "input_audio_buffer.append"
     audio: str
@@ -119,7 +119,7 @@ class PlaybackAck:
 
 @attrs.frozen(slots=True)
 class SessionEventAck:
-    """vLLM-Omni's clients acknowledge every sequenced server event (spec §8). Nothing is
+    """vLLM-Omni's clients acknowledge every sequenced server event (docs/protocol.md §8). Nothing is
     resumable here, so an ack changes nothing and is not logged; ``server_event_seq`` must be a
     non-negative integer (else ``invalid_event_ack``)."""
 
@@ -308,7 +308,7 @@ class ContentPart:
 
 @attrs.frozen(slots=True)
 class VllmOmniRuntime:
-    """What vLLM-Omni's drivers check to prove batched serving (spec §8); true by construction
+    """What vLLM-Omni's drivers check to prove batched serving (docs/protocol.md §8); true by construction
     here: one scheduler steps every session in one batched KV."""
 
     runtime_impl: Literal["scheduler_data_plane"]
@@ -316,7 +316,7 @@ class VllmOmniRuntime:
     runner_kv_backed: Literal[True]
 
 
-_DUPLEX_ONLY: Final = {OMIT_IF_NONE: True}  # sent on ``?duplex=1`` connections only (spec §8)
+_DUPLEX_ONLY: Final = {OMIT_IF_NONE: True}  # sent on ``?duplex=1`` connections only (docs/protocol.md §8)
 
 
 @attrs.frozen(slots=True)
@@ -407,7 +407,7 @@ class RealtimeContentPartAdded:
 
 @attrs.frozen(slots=True)
 class RealtimeResponseSpeak:
-    """vLLM-Omni's speak decision (spec §8): once per response, before its first audio delta,
+    """vLLM-Omni's speak decision (docs/protocol.md §8): once per response, before its first audio delta,
     on ``?duplex=1`` connections only."""
 
     TYPE: ClassVar[str] = "response.speak"
@@ -424,7 +424,7 @@ class RealtimeResponseSpeak:
 class RealtimeOutputAudioDelta:
     """``delta``: base64 mono audio in the session's output format, whole 80 ms frames:
     ``pcm16`` (LE) at 24000 Hz, or ``g711_ulaw``/``g711_alaw`` at 8000 Hz; ``format`` is sent
-    for G.711 only (absent: pcm16), so pcm16 deltas are what they always were."""
+    for G.711 only (absent: pcm16), so a pcm16 delta has only the stock Realtime fields."""
 
     TYPE: ClassVar[str] = "response.output_audio.delta"
     BETA_TYPE: ClassVar[str | None] = "response.audio.delta"
@@ -594,7 +594,7 @@ class RealtimePlaybackAcknowledged:
 @attrs.frozen(slots=True)
 class RealtimeInputAudioBufferAlignment:
     """Send the next chunk ``pad_ms`` early, holding only (80 - ``pad_ms``) ms of new audio and
-    ``pad_ms`` on its append (spec section 7). Sent only to sessions whose
+    ``pad_ms`` on its append (docs/protocol.md §7). Sent only to sessions whose
     ``duplex.alignment`` is ``client``; ``reason``: start, clear, drift or margin."""
 
     TYPE: ClassVar[str] = "input_audio_buffer.alignment"

@@ -1,4 +1,4 @@
-"""Projection of session events onto the native dialect (``/v1/duplex``, spec §5): flat events.
+"""Projection of session events onto the native dialect (``/v1/duplex``, docs/protocol.md §5): flat events.
 
 =================================  ================================================================
 session event                      native server event(s)

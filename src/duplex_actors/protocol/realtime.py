@@ -1,4 +1,4 @@
-"""Projection of dialect-neutral session events onto the OpenAI Realtime dialect (spec §4).
+"""Projection of dialect-neutral session events onto the OpenAI Realtime dialect (docs/protocol.md §4).
 
 ``RealtimeProjection.project(event)`` returns the JSON objects to send, in order. One response
 per epoch::
@@ -21,7 +21,7 @@ the client cancelled it, cleared the output buffer or closed the session, and
 ``session_closed``). OpenAI's ``incomplete`` means the model stopped on a token or content
 limit, which never happens here.
 
-``duplex=True`` (the client connected with ``?duplex=1``, as vLLM-Omni's clients do; spec §8):
+``duplex=True`` (the client connected with ``?duplex=1``, as vLLM-Omni's clients do; docs/protocol.md §8):
 every event but ``session.created`` carries ``server_event_seq`` (1, 2, ... counted over what
 this projection sends, so a replay of the log reproduces it), each response's first audio delta
 is preceded by ``response.speak``, and each delta's ``metadata`` adds ``session_id``,
@@ -78,7 +78,7 @@ _VLLM_OMNI_RUNTIME: Final = wire.VllmOmniRuntime("scheduler_data_plane", True, T
 def error_object(
     code: str, message: str, client_event_id: str | None = None, param: str | None = None
 ) -> wire.ErrorDetail:
-    """The ``error`` member of an ``error`` event (spec §4 error shape)."""
+    """The ``error`` member of an ``error`` event (docs/protocol.md §4 error shape)."""
     return wire.ErrorDetail(
         type=error_type(code),
         code=code,

@@ -11,8 +11,8 @@ On each TCP connection the responder writes one line and closes:
 
 HAProxy reads up to the first ``\\r`` or ``\\n`` and splits words on spaces, tabs and commas; a
 word that starts with ``#`` starts the description. So the reason is written ``down #reason``:
-HAProxy 2.6 ignores ``down#reason`` written as one word ("No status change"), as
-tests/scaleout found out.
+HAProxy 2.6 ignores ``down#reason`` written as one word ("No status change"; tests/scaleout
+checks it).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - An :class:`Executor` runs one synchronous call: :data:`INLINE` on the event loop (after a
   checkpoint), or :class:`Threads` in a worker thread.
 
-DESIGN decision 7: virtual time runs the engine inline (:func:`engine_executor`): with an
+docs/design.md, decision 7: virtual time runs the engine inline (:func:`engine_executor`): with an
 autojumping clock a thread would let the clock jump and fire timeouts while the step computes.
 Everything else about the scheduler's control flow (the ``_prepare`` task included) is the same
 under either clock; a test may give it a thread executor under virtual time too.
@@ -68,7 +68,7 @@ ENGINE_THREAD = Threads(trio.CapacityLimiter(1))
 
 
 def engine_executor(clock: Clock) -> Executor:
-    """Where engine calls run under ``clock`` (decision 7: inline under virtual time)."""
+    """Where engine calls run under ``clock`` (docs/design.md, decision 7: inline under virtual time)."""
     return INLINE if clock.virtual else ENGINE_THREAD
 
 

@@ -3,51 +3,48 @@
 ``policy.decide(now, view)`` answers ``StepNow(slots)`` or ``WaitUntil(t)`` from an immutable
 ``SchedulerView`` of the slot table; after a step the shell stores
 ``policy.after_step(view.state, view, step, started)`` and passes it back in the next view.
-Times are seconds on the scheduler's monotonic clock. Three policies (notes/tick-policy.md):
+Times are seconds on the scheduler's monotonic clock. Every policy steps at most one frame per
+slot per step (the oldest), and never steps or waits for a slot that is not active or has a
+reset pending. Why the default is a grid: docs/design.md, decision 10.
 
-- ``window``: step as soon as every steppable slot has a frame, else ``max_batch_wait_ms``
-  after the oldest waiting frame completed (the scheduler's historical behaviour);
-- ``deadline``: the same with a window of one tick minus the p90 of recent steps minus a guard;
-- ``grid`` (the default): a fixed grid of ticks ``origin + n * tick`` booked from the previous
-  due time, never from "now", so its phase never drifts; the first frame books it, with the
-  first tick ``first_tick_lead_ms`` after that frame. Step at the due tick, or earlier (within
-  the due tick's own interval) once every steppable slot has a frame; ticks that pass with
-  nothing to step are skipped whole. A slot is owed a catch-up step of its own when it was on
-  cadence and missed a tick (its frame came late, by jitter), for its first frame (and if it
-  falls a frame behind within its first two steps: the double an alignment pad makes), for the
-  double of a later re-alignment (a frame that holds alignment pad samples, ``SlotView.padded``,
-  came second for one tick, or came after its tick was stepped early without it), or when
-  it stays the same number of frames behind for ``stable_backlog_ticks``; it gets it if the
-  estimated step (p90 of recent steps) fits before the next tick, or, when it does not, if the
-  catch-up and the tick it then delays both end before the tick after (the median of the last
-  ``OVERRUN_STEPS`` steps as the estimate; at most one such *overrun* per
-  ``overrun_interval_ms``, but for catch-ups that serve a session's start), at most
-  ``max_catchups_per_s`` per slot in any second that the slot calls for (every slot owed one
-  *rides along* a catch-up another called for, spending none of its budget). Frames that
-  a client on real time sent while its slot waited for its first step (the prompt was being
-  prepared) are its *start backlog*: owed catch-ups outside that budget, never drained. Falling
-  further behind never earns one: a client sending faster than real time is served one frame
-  per tick, unless every steppable slot is a whole tick behind (an upload alone, uploads
-  started together, everyone after a stall): a step then serves every session, and is taken
-  *ahead* of the grid, which it does not move, whenever it ends before the due tick's step
-  must start. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all
-  came a little late (a stall of the loop or the network) are stepped late as that tick's, not
-  owed as debts; so is a tick most of whose slots on cadence have no frame yet, while its step
-  still ends before the next tick (``_hold_until``), and, ``straggler_grace_ms``, one a few
-  of them are missing for. A slot the catch-ups
-  cannot bring back is owed a *drain* (``PolicyState.drain``, set by the step's
-  ``after_step``): over its last ``drain_window_ticks`` regular ticks (no miss, catch-up or
-  drain among them) every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
-  frames behind (by the smallest lag; by default 2-5, a backlog of 3-6 frames at the tick: a
-  jitter backlog, not an upload), it did not fall further behind (the lag of its stepped frames
-  grew by at most ``drain_growth_ms`` between the two halves of the window: a client even a
-  few per cent faster than real time grows more), a frame is queued behind the one stepped,
-  and no catch-up is coming (it is owed none, its budget is spent, or two steps do not fit in
-  a tick); at most ``max_drains_per_s`` per slot in any second. The shell asks the slot's
-  occupant which queued frame to drop (``Occupant.drain_nowait``) and removes it.
+- ``window``: step once every steppable slot has a frame, else ``max_batch_wait_ms`` after the
+  oldest waiting frame completed.
+- ``deadline``: the same, with a window of one tick minus the p90 of recent steps minus a guard.
+- ``grid`` (the default): ticks ``origin + n * tick``, each booked from the previous due time,
+  never from "now", so the phase never drifts; the first frame books the grid, its first tick
+  ``first_tick_lead_ms`` later. It steps at the due tick, or earlier within that tick's interval
+  once every steppable slot has a frame, and skips whole the ticks with nothing to step.
 
-Every policy steps at most one frame per slot per step (the oldest). A slot with a reset
-pending or that is not active is never stepped and never waited for.
+The grid's rules:
+
+- Catch-ups. A slot is owed a step of its own when it was on cadence and missed a tick, for its
+  first frame (and for falling a frame behind within its first two steps: an alignment pad's
+  double), for the double of a re-alignment (a frame holding pad samples, ``SlotView.padded``,
+  second for one tick, or after its tick was stepped early without it), and when it stays the
+  same number of frames behind for ``stable_backlog_ticks``. It gets it when the estimated step
+  (p90 of recent steps) fits before the next tick, or else when the catch-up and the tick it
+  delays both end before the tick after (an *overrun*, estimated by the median of the last
+  ``OVERRUN_STEPS`` steps; at most one per ``overrun_interval_ms`` except for a session's
+  start); at most ``max_catchups_per_s`` per slot in any second that the slot calls for. Every
+  slot owed one *rides along* a catch-up another called for, spending none of its budget.
+- Start backlog. Frames that a client on real time sent while its slot waited for its first
+  step (the prompt being prepared) are owed catch-ups outside that budget, and never drained.
+- Falling further behind earns nothing: a client faster than real time gets one frame per
+  tick. When every steppable slot is a whole tick behind (an upload, uploads started together,
+  everyone after a stall), a step serves them all *ahead* of the grid, which it does not move,
+  whenever it ends before the due tick's step must start.
+- Late ticks. A tick that no frame made is kept open ``late_tick_grace_ms``: frames that all
+  came a little late are stepped as that tick's, not owed as debts. So is a tick most of whose
+  slots on cadence have no frame yet, while its step still ends before the next tick
+  (``_hold_until``), and, for ``straggler_grace_ms``, one that a few of them are missing.
+- Drains. A slot the catch-ups cannot bring back is owed a *drain* (``PolicyState.drain``, set
+  by ``after_step``) when, over its last ``drain_window_ticks`` regular ticks (no miss, catch-up
+  or drain among them), every stepped frame was ``drain_min_behind`` to ``drain_max_behind``
+  frames behind by the smallest lag (a jitter backlog, not an upload), that lag grew by at most
+  ``drain_growth_ms`` between the window's two halves (a client even a few per cent faster than
+  real time grows more), a frame is queued behind the one stepped, and no catch-up is coming;
+  at most ``max_drains_per_s`` per slot in any second. The shell asks the slot's occupant which
+  queued frame to drop (``Occupant.drain_nowait``) and removes it.
 """
 
 from __future__ import annotations

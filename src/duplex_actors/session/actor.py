@@ -121,7 +121,7 @@ class SessionActor:
         self._queued_input = 0  # 24 kHz samples of appends in the inbox, not yet applied
         self._progress = trio.Event()  # set (and replaced) after each record is handled
         self._commands_done = 0  # client commands handled (inbox ordinals up to this one)
-        # Alignment (spec section 7): the aligner sees every append before it is logged, with
+        # Alignment (docs/protocol.md §7): the aligner sees every append before it is logged, with
         # the time it arrived (an append waits in the inbox as :class:`Arrived`).
         self.aligner = (
             aligner if aligner is not None else Aligner(max_total_pad_samples=core.limits.max_pad_samples)

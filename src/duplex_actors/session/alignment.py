@@ -1,62 +1,53 @@
-"""Alignment to the tick grid (spec section 7), sans-io: when to pad a session's input, and by how much.
+"""Alignment to the tick grid (docs/protocol.md §7), sans-io: when to pad a session's input.
 
-The scheduler steps every session on one grid (tick n at ``origin + n * period``). A session's
-80 ms frames complete when its appends arrive, at some phase relative to the ticks, and wait for
-the next tick. Inserting P ms of silence (0 <= P < 80) moves every later frame boundary P ms
-earlier in the client's stream, so frames complete P ms earlier (mod 80): the aligner picks P so
-that they complete ``margin`` before a tick.
+The scheduler steps every session on one grid (tick n at ``origin + n * period``). Inserting
+P ms of silence (0 <= P < 80) into a session's input makes its later frames complete P ms
+earlier (mod 80): the aligner picks P so that they complete ``margin`` before a tick. Why the
+server aligns sessions rather than waiting for them: docs/design.md, decision 10.
 
-How it measures: a client sending in real time has, for every append, an *offset*
-``arrival - (client samples so far) / 24 kHz`` that is its start time plus the network delay;
-pads do not change it (they are not client samples). Over its first ``measure_appends`` appends
-(by default the first alone, so that the pad goes in before the session's first frame
-completes) the smallest offset is the session's base; an append's *lateness* is its offset
-minus the base. The *anchor* is the jitter-free completion time of the session's next frame
-(base + the client position of the append that completes it / 24 kHz): frames complete at
-``anchor + k * 80 ms - (pads since)``. A first measurement taken through jitter is corrected
-by the rechecks (it shows as drift).
+Measurement. An append's *offset* is ``arrival - (client samples so far) / 24 kHz`` (pads do
+not change it). The smallest offset over the first ``measure_appends`` appends (by default the
+first alone, so that the pad goes in before the first frame completes) is the session's
+*base*; an append's *lateness* is its offset minus the base. The *anchor* is the jitter-free
+completion time of the session's next frame: frames complete at ``anchor + k * 80 ms - (pads
+since)``. A base measured through jitter shows as drift, and the rechecks correct it.
 
-What it decides (``before_append``):
+Decisions (``before_append``), each taken at the first append of a frame (the core's tail
+before it shorter than a chunk), where a pad moves that frame's own completion:
+
 - chunks of 240, 480 or 960 samples (10, 20, 40 ms) in mode "server" or "client": a
-  ``ServerPad`` of a whole number of chunks (a pad at a chunk boundary moves completion by whole
-  chunks only), the smallest that makes frames complete at least ``margin`` before a tick;
-  jitter-free, they then complete in ``(tick - margin - chunk, tick - margin]``;
-- 80 ms chunks (1920 samples) in mode "client": a ``ClientHint(pad_ms)`` once (then none until
-  the client pads, or ``recheck_s`` has passed without it: a client that ignores hints gets one
-  per ``recheck_s``); applied, frames complete in ``(tick - margin - 1 ms, tick - margin]``;
+  ``ServerPad`` of a whole number of chunks, the smallest that makes frames complete at least
+  ``margin`` before a tick (jitter-free, in ``(tick - margin - chunk, tick - margin]``);
+- 80 ms chunks (1920 samples) in mode "client": a ``ClientHint(pad_ms)`` once, then none until
+  the client pads or ``recheck_s`` passes without it (applied, frames complete in ``(tick -
+  margin - 1 ms, tick - margin]``);
 - anything else (other or irregular chunk sizes, 80 ms chunks in mode "server", mode "off", no
-  grid yet): None, the session is served unaligned.
+  grid yet): None, and the session is served unaligned.
 
-The first margin is a guess (``initial_margin_ms``: one append says nothing about jitter). The
-first recheck comes ``first_recheck_s`` after the measurement, later ones every ``recheck_s``,
-each once at least ``MIN_WINDOW`` frames have completed since the last. It looks at the lateness
-of those frames: their minimum is how far the session's phase moved (the base and the anchor
-move with it; more than the margin is *drift*). The margin becomes the ``lateness_percentile``
-(default p99: a frame that misses its tick costs a catch-up step or 80 ms, so misses should
-stay under 1 %) of the lateness relative to that minimum + 2 ms, clamped to ``[margin_min_ms,
-margin_max_ms]``; lateness above ``margin_max_ms`` is a stall no margin covers (the scheduler's
-catch-up and drain handle it) and is left out of the percentile, with the frames that arrived
-with it (``STALL_JOIN_S``); so is the lateness of a frame whose tick the scheduler held open
-because most sessions' frames were late together (``Grid.held``): a stall they shared (the
-host, the path, the clients' own process: a stall of the server's own loop holds no tick
-when the frames are all read before it wakes), which the held tick absorbs, unless such
-frames are much of the window (``SYSTEMATIC_SHARE``): aligned sessions send at nearly one instant
-and the server reads that burst one append at a time, so its tail is late at every tick, which
-is those sessions' phase and what their margins must cover. The margin is raised only when frames came later than it allows in
-two bursts (late frames at most ``BURST_GAP`` frames apart are one) over this window and the
-one before: a single burst is a stall, most often of the whole server (every session late at
-once), and a margin raised for it would add its wait to every later frame of the session; late
-frames that are much of the window (``SYSTEMATIC_SHARE``) raise it at once. It
-re-aligns (reason "drift" or "margin") when frames would complete later than the margin allows
-(a few ms of pad), or more than one pad granule plus ``realign_gain_ms`` earlier than needed
-(moving them later costs a pad of nearly 80 ms and one extra frame, which needs a catch-up or leaves the session a frame behind until one fits, so
-small gains are not worth it). Every decision is taken at the first append of a frame (the
-core's tail before it shorter than a chunk), where a pad moves that frame's own completion: a
-server pad at the start, before the first frame, or one that moves frames earlier never makes
+A server pad at the start, before the first frame, or one that moves frames earlier never makes
 two frames complete for one tick (a hint does once: the chunk sent early lands in the tick of
-the one before it). ``cleared()`` measures afresh and re-aligns with reason "clear"; the first
-alignment has reason "start". Pads are bounded: once a pad would take the session's total past
-``max_total_pad_samples``, the aligner returns None from then on.
+the one before it).
+
+Margin. It starts at ``initial_margin_ms``. Rechecks come ``first_recheck_s`` after the
+measurement, then every ``recheck_s``, each once ``MIN_WINDOW`` frames have completed since the
+last. The window's least lateness is how far the session's phase moved (the base and the anchor
+move with it; more than the margin is *drift*). The margin becomes the ``lateness_percentile``
+(default p99) of the lateness above that least one, + 2 ms, clamped to ``[margin_min_ms,
+margin_max_ms]``; the margin used is at least ``burst_floor_ms`` (within ``margin_max_ms``).
+Left out of the percentile: lateness above ``margin_max_ms`` (a stall no margin covers; the
+scheduler's catch-ups and drains handle it) with the frames that arrived with it
+(``STALL_JOIN_S``), and frames whose tick the scheduler held because most sessions were late
+together (``Grid.held``), unless such frames are ``SYSTEMATIC_SHARE`` of the window (the tail of
+the aligned sessions' burst of appends, late at every tick, which the margin must cover). The
+margin is raised only when frames came later than it allows in two bursts (late frames at most
+``BURST_GAP`` frames apart are one) over this window and the one before, or at once when late
+frames are ``SYSTEMATIC_SHARE`` of the window.
+
+Re-alignment (reason "drift" or "margin") happens when frames would complete later than the
+margin allows, or more than one pad granule plus ``realign_gain_ms`` earlier than needed.
+``cleared()`` measures afresh and re-aligns with reason "clear"; the first alignment has reason
+"start". Once a pad would take the session's total past ``max_total_pad_samples``, the aligner
+returns None from then on.
 
 The actor's calls, per append it is about to log: first ``client_padded(samples)`` if the append
 carries ``pad_ms`` (the pad the core inserts before it), then ``before_append(now, grid, chunk,

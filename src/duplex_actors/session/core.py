@@ -1,7 +1,7 @@
 """The session core: a pure state machine over session log records (sans-io, no trio).
 
 ``SessionCore.apply(record) -> list[Effect]`` is the only way its state changes, and its only
-input is the log, so the log alone determines every event a session ever emitted (DESIGN §2).
+input is the log, so the log alone determines every event a session ever emitted (docs/design.md §2).
 Like h11's ``Connection`` it is an object that mutates itself rather than returning a new
 state; it never performs I/O, reads a clock or draws random numbers.
 
@@ -79,7 +79,7 @@ class SessionLimits:
     max_buffered_samples: int = 16 * 1024 * 1024 // 4
     max_config_bytes: int = 256 * 1024
     # The shell's soft budget, not a refusal: while more input than this is buffered (and
-    # queued for the core), the connection stops reading the client's socket (decision 11).
+    # queued for the core), the connection stops reading the client's socket (docs/design.md, decision 11).
     input_budget_samples: int = 2 * SAMPLE_RATE
     # The total of a session's alignment pads (24 kHz samples; ``--max-align-pad-ms``): a pad
     # that would pass it is refused (``invalid_value``) and inserts nothing.
@@ -764,7 +764,7 @@ class SessionCore:
         self._feed(samples, start, self.client_samples, out)
 
     def _pad(self, record: r.Pad, out: list[Effect]) -> None:
-        """Zeros after the partial tail (spec section 7), within the session's pad bound."""
+        """Zeros after the partial tail (docs/protocol.md §7), within the session's pad bound."""
         if record.samples <= 0 or record.reason not in PAD_REASONS:
             self._error(
                 out, "invalid_value", f"pad of {record.samples} samples ({record.reason}) refused", None

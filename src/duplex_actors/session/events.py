@@ -114,7 +114,7 @@ class Error:
 
 @attrs.frozen(slots=True)
 class AlignmentHint:
-    """Send the next chunk ``pad_ms`` early with ``pad_ms`` on it (spec section 7); projected
+    """Send the next chunk ``pad_ms`` early with ``pad_ms`` on it (docs/protocol.md §7); projected
     only for sessions whose ``duplex.alignment`` is ``client``."""
 
     pad_ms: int

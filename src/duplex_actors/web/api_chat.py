@@ -1,4 +1,4 @@
-"""``WS /api/chat``, the moshi / PersonaPlex dialect (spec §9), as a shell over the session.
+"""``WS /api/chat``, the moshi / PersonaPlex dialect (docs/protocol.md §9), as a shell over the session.
 
 The sans-io part (kinds, query, projection) is :mod:`duplex_actors.protocol.api_chat`; this
 module adds what needs I/O: the Opus codec (a stream of the server's worker-process pool, never

@@ -1,17 +1,14 @@
-"""The WebSocket routes served straight from ASGI, without quart (issue 12's per-message cost).
+"""The WebSocket routes served straight from ASGI, without quart: one hop per message.
 
-Through quart-trio every client message took two memory-channel hops and a task of its own
-(hypercorn -> quart-trio's per-websocket message task -> the handler), a blinker signal and a
-context-local lookup per ``receive``/``send``, and a scheduler round for each. Here the handler
-runs in hypercorn's app task and reads hypercorn's channel itself: what is already queued there
-is taken without a checkpoint (at most :data:`MAX_NOWAIT_RECEIVES` in a row, then a real one).
+The handler runs in hypercorn's app task and reads hypercorn's channel itself: what is already
+queued there is taken without a checkpoint (at most :data:`MAX_NOWAIT_RECEIVES` in a row, then
+a real one), with no per-message task, memory channel, signal or context-local lookup between.
 
-What a client sees is quart's behaviour, kept on purpose: the same accept (the subprotocol, no
-headers), the same HTTP refusals before the upgrade (the response quart would build, as
-``websocket.http.response.*``), a close 1000 when the handler returns after accepting without
-closing, and the handler cancelled when the client disconnects (quart-trio's message task did
-that on ``websocket.disconnect``; here the disconnect hook of ``hardening._spawn_app`` does it
-at once, and ``receive`` does it if it reads the disconnect first).
+A client sees quart's behaviour: the same accept (the subprotocol, no headers), the same HTTP
+refusals before the upgrade (the response quart would build, as ``websocket.http.response.*``),
+a close 1000 when the handler returns after accepting without closing, and the handler
+cancelled when the client disconnects (by the disconnect hook of ``hardening._spawn_app``, or
+by ``receive`` when it reads the disconnect first).
 """
 
 from __future__ import annotations

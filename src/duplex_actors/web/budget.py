@@ -1,13 +1,12 @@
 """A connection's budget of messages and bytes per second (sans-io: no trio, no clock).
 
-Two token buckets, refilled relative to real time, with a burst allowance each (decision 11:
-no client can spend other sessions' time). The defaults admit what real clients do: a browser
-sending 10 ms chunks (100 appends/s), vLLM-Omni's ``DuplexClient`` acknowledging every event
-(~25/s), and a 30 s upload at session start (held back a little, never closed: the session's
-soft input budget holds an upload back longer anyway); beyond, the shell stops reading the socket until
-the buckets refill (TCP pushes back), and a client that stays beyond its budget for
-``persist_s`` is closed with ``rate_limited``. The shell passes the time in; nothing here reads
-a clock, so the arithmetic is tested without sleeping.
+Two token buckets, refilled relative to real time, with a burst allowance each, so that no
+client can spend other sessions' time (docs/design.md, decision 11). The defaults admit what
+real clients do: a browser sending 10 ms chunks (100 appends/s), vLLM-Omni's ``DuplexClient``
+acknowledging every event (~25/s), and a 30 s upload at session start (held back a little,
+never closed). Beyond its budget, the shell stops reading the client's socket until the buckets
+refill (TCP pushes back), and closes a client that stays beyond it for ``persist_s`` with
+``rate_limited``. The shell passes the time in: nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -27,10 +26,10 @@ class RateLimits:
     byte_burst: float = 8.0 * 1024.0 * 1024.0
     persist_s: float = 60.0
     # Messages that are not audio (session.update, acks, heartbeats, refused ones) also pay
-    # their bytes from a smaller bucket: the byte burst is sized for a 30 s upload, and 8 MiB of
-    # 200 KB session.updates (each parsed, checked and answered on the event loop) cost the
-    # other sessions 4.5x their p99 (issue 13 item 3). Real clients send a few small updates;
-    # the burst still takes four updates of the largest config the core accepts (256 KiB).
+    # their bytes from a smaller bucket: the byte burst is sized for a 30 s upload, and a burst
+    # of large session.updates (each parsed, checked and answered on the event loop) would cost
+    # the other sessions their latency. This burst takes four updates of the largest config the
+    # core accepts (256 KiB); real clients send a few small ones.
     control_bytes_per_s: float = 128.0 * 1024.0
     control_byte_burst: float = 1024.0 * 1024.0
 

@@ -1,9 +1,10 @@
-"""The two WebSocket dialects, as the connection handler sees them.
+"""The JSON WebSocket dialects, Realtime and native, as the connection handler sees them.
 
 A dialect parses a client message into a session command (an async callable on the
 ``SessionHandle``) and projects session events onto its wire vocabulary. Parsing and projection
 are the sans-io ``duplex_actors.protocol`` package; this module only maps client events onto the
-in-process session API, and reads what opens a session (:func:`read_opening`).
+in-process session API, and reads what opens a session (:func:`read_opening`). The third
+dialect, ``/api/chat`` (binary Opus), has a connection of its own in ``web/api_chat.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..session import events as ev
 from ..session.core import cancel_resets
 
 Command = Callable[[SessionHandle], Awaitable[None]]
-# A WebSocket message as quart gives and takes it: text (JSON) or binary.
+# A WebSocket message as the upgrade (``web/asgi_ws.py``, or quart's) gives and takes it: text
+# (JSON) or binary.
 WireMessage = str | bytes
 # What a projection or a refusal sends: a JSON object (the connection serialises it) or bytes.
 OutboundMessage = Mapping[str, Any] | bytes
@@ -110,7 +112,7 @@ class AppendCommand:
     format: str
     sample_rate_hz: int
     client_event_id: str | None = None
-    pad_ms: int = 0  # spec section 7: silence before this audio, a pad record before the append
+    pad_ms: int = 0  # docs/protocol.md §7: silence before this audio, a pad record before the append
 
     async def __call__(self, session: SessionHandle) -> None:
         await session.append_bytes(
@@ -130,7 +132,7 @@ class AppendCommand:
 
 
 def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> Command:
-    """The session call for one parsed client event (both dialects share the commands).
+    """The session call for one parsed client event (Realtime and native share the commands).
     ``stock``: the stock ``/v1/realtime`` route, whose cancel and output clear keep the model's
     context unless the session asks otherwise (``duplex.cancel``), and whose ``response.create``
     is answered as OpenAI answers one during a response."""
@@ -247,7 +249,7 @@ class RealtimeDialect:
         self.model = model
         self.capabilities = capabilities
         self.beta = beta
-        # ``?duplex=1``: vLLM-Omni's additions (spec §8); recorded in the header only when asked.
+        # ``?duplex=1``: vLLM-Omni's additions (docs/protocol.md §8); recorded in the header only when asked.
         self.duplex = duplex
         self.output: dict[str, Any] = {"names": "beta" if beta else "ga"}
         if duplex:

@@ -160,7 +160,7 @@ class Session {
     const session = { type: "realtime", input_audio_format: "pcm16", output_audio_format: "pcm16" };
     if (this.config.voice) session.voice = this.config.voice;
     session.instructions = this.config.persona;
-    // Alignment to the server's tick (wire-protocol section 7): the page sends whole 80 ms frames,
+    // Alignment to the server's tick (docs/protocol.md §7): the page sends whole 80 ms frames,
     // so it opts in to the server's hints and sends one frame early (and shorter) when told.
     session.duplex = { alignment: "client" };
     this.send({ type: "session.update", session });

@@ -2,7 +2,7 @@
 // context runs faster than 24 kHz, resamples to 24 kHz (linear interpolation) and posts whole
 // 80 ms frames (1920 samples) of 16-bit PCM to the main thread:
 //   port.postMessage({ pcm: ArrayBuffer (Int16, little-endian on every browser platform), rms, padMs })
-// Send "stop" on the port to end processing. Alignment (wire-protocol section 7): send
+// Send "stop" on the port to end processing. Alignment (docs/protocol.md §7): send
 // { pad: ms } and the next frame is posted that much early, holding only 80 - ms of audio, with
 // padMs = ms (the page puts pad_ms on its append; the server inserts the silence before it);
 // every later frame is 80 ms again, on the shifted boundaries.
