@@ -158,11 +158,14 @@ def attrs_without_core(config: ServerConfig) -> ServerConfig:
 
 
 @pytest.mark.parametrize(("cls", "name"), [(cls, f.name) for cls, f, s in all_settings() if s.flag])
-def test_the_flag_wins_over_the_variable_which_wins_over_the_default(cls: type, name: str) -> None:
-    if name == "static_ui":
-        pytest.skip("test_a_ui_dir_needs_its_index")
+def test_the_flag_wins_over_the_variable_which_wins_over_the_default(
+    cls: type, name: str, tmp_path: Path
+) -> None:
     spec = dict((f.name, s) for f, s in settings_of(cls))[name]
     other = getattr(CHANGED, name) if cls is ServerConfig else OTHER_OPTIONS[name]
+    if name == "static_ui":
+        (tmp_path / "index.html").write_text("<html></html>")
+        other = str(tmp_path)
     assert other != getattr(cls(), name)
     no_flag = build_parser().parse_args(["serve"])
     assert getattr(load(cls, {spec.env: spec.render(other)}, no_flag), name) == other

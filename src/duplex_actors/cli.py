@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="serve the model over HTTP/WebSocket",
-        description="Each setting: its flag, else its DUPLEX_* variable, else its default.",
+        description="Each setting: its flag, else its DUPLEX_* variable, else its default. "
+        "The sections named are those of docs/operations.md, whose section 2 lists every setting.",
         exit_on_error=False,
     )
     add_flags(serve, SETTINGS_CLASSES)

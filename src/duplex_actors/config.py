@@ -108,7 +108,7 @@ class ServerConfig:
         env="DUPLEX_MODEL_REVISION",
         flag="--revision",
         help="the Hugging Face revision of --model",
-        default_text="none (the repo's default branch)",
+        default_text="none: the repo's default branch",
     )
     family: str | None = setting(
         None,
@@ -228,7 +228,7 @@ class ServerConfig:
         "which then talks to /api/chat on this origin",
         details="The files are listed at start-up; no path is joined from a request; no CSP of "
         "ours ([api.md](api.md#running-the-personaplex-web-ui-and-moshiclient))",
-        default_text="none (the built-in page at /)",
+        default_text="none: the built-in page at /",
     )
     idle_timeout_s: float = setting(
         300.0,
