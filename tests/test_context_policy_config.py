@@ -4,6 +4,8 @@ context), bad values refused naming their setting."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from duplex_actors.cli import build_parser
@@ -19,7 +21,7 @@ def test_env_sets_the_context_policy_and_the_pin_cap():
         ServerConfig.from_env({"DUPLEX_CONTEXT_POLICY": "pin-all"})
     with pytest.raises(ConfigError, match="DUPLEX_MAX_PINNED_PROMPT='many'"):
         ServerConfig.from_env({"DUPLEX_MAX_PINNED_PROMPT": "many"})
-    with pytest.raises(ConfigError, match="max pinned prompt: -1"):
+    with pytest.raises(ConfigError, match="max_pinned_prompt=-1"):
         ServerConfig(max_pinned_prompt=-1)
 
 
@@ -29,5 +31,5 @@ def test_serve_flags():
     assert (args.context_policy, args.max_pinned_prompt) == (None, None)  # then the env, then ring
     args = parser.parse_args(["serve", "--context-policy", "pin-prompt", "--max-pinned-prompt", "750"])
     assert (args.context_policy, args.max_pinned_prompt) == ("pin-prompt", 750)
-    with pytest.raises(SystemExit):
+    with pytest.raises(argparse.ArgumentError, match="--context-policy 'sinks': expected one of ring"):
         parser.parse_args(["serve", "--context-policy", "sinks"])

@@ -146,23 +146,11 @@ async def ensure_engine_core(config: ServerConfig) -> str:
                 pass
             finally:
                 probe.close()
-            settings = {
-                "DUPLEX_MODEL": config.model,
-                "DUPLEX_MODEL_REVISION": config.revision or "",
-                "DUPLEX_FAMILY": config.family or "",
-                "DUPLEX_MAX_SESSIONS": str(config.max_sessions),
-                "DUPLEX_DEVICE": config.device,
-                "DUPLEX_DTYPE": config.dtype,
-                "DUPLEX_MEMORY_LIMIT": "" if config.memory_limit is None else str(config.memory_limit),
-                "DUPLEX_TORCH_THREADS": str(config.torch_threads),
-                "DUPLEX_TICK_POLICY": config.tick_policy,
-                "DUPLEX_LOG_DIR": str(config.log_dir),
-            }
             process = subprocess.Popen(
                 [sys.executable, "-m", "duplex_actors.engine_core"],
                 start_new_session=True,  # not ended by the signals hypercorn's group gets
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **settings},  # the core of this front end's settings
+                env={**os.environ, **config.as_env()},  # the core of this front end's settings
             )
             log.info("started the engine core (pid %d) for %s", process.pid, config.log_dir)
             # It binds its socket before it loads the model: hold the lock until then.
