@@ -32,12 +32,12 @@ from ..protocol import errors
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer
 from ..session import events as ev
-from .connection import CLOSE_CODES, Connection, Transport
+from .connection import Connection, Transport
 from .dialects import Command, Opening, OutboundMessage, WireMessage
 
 log = logging.getLogger(__name__)
 
-# Inbound audio goes to the codec in slices of at most this many bytes (see _handle).
+# Inbound audio goes to the codec in slices of at most this many bytes (see handle_message).
 DECODE_SLICE_BYTES = 2048
 # How long the handshake may wait for the slot's prompt prefill before the session ends (1011),
 # unless the server sets its own (``prepare_timeout_s``: ``--prepare-timeout``, or derived from the
@@ -142,14 +142,13 @@ class ApiChatConnection(Connection):
         self.prepare_timeout_source = prepare_timeout_source  # said in the error when it is hit
         self.stream: OpusStream | None = None
         self.ready = False  # the handshake is sent: audio from now on reaches the session
-        self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
         self._send_lock = trio.Lock()
         self._codec_lost_seen = False
         self._last_sent = trio.current_time()
 
-    async def _send_obj(self, message: OutboundMessage) -> None:
+    async def send_message(self, message: OutboundMessage) -> None:
         async with self._send_lock:
-            await super()._send_obj(message)
+            await super().send_message(message)
             self._last_sent = trio.current_time()
 
     async def run(self, opening: Opening | None = None) -> None:
@@ -172,30 +171,24 @@ class ApiChatConnection(Connection):
                         log.exception("closing an Opus stream failed")
 
     # -- writing ----------------------------------------------------------------------------------
-    async def _writer(self, projection: Any) -> None:
+    async def write_events(self, projection: Any) -> None:
+        # A drain sends no message of its own: audio, then 1012.
         session = self.session
         assert session is not None
-        closed_seen = False
+        closed: ev.SessionClosed | None = None
         async for event in session.events():
-            if not self.ready and not closed_seen and isinstance(event, ev.SessionUpdated):
+            if not self.ready and isinstance(event, ev.SessionUpdated):
                 # The session's Open is applied, so its slot's reset has been requested.
                 await self._handshake()
             for message in projection.project(event):
                 if isinstance(message, wire.EncodeAudio):
                     await self._send_audio(message)
                 else:
-                    await self._send_obj(message)
+                    await self.send_message(message)
             if isinstance(event, ev.SessionClosed):
-                closed_seen = True
-                code = CLOSE_CODES.get(event.reason)
-                if code is not None:
-                    await self._close(code, event.reason)
+                closed = event
                 break
-        if not closed_seen:
-            reason = session.close_reason or "error"
-            await self._close(CLOSE_CODES.get(reason, 1011), reason)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        await self.end_writing(closed)
 
     async def _handshake(self) -> None:
         session = self.session
@@ -214,10 +207,9 @@ class ApiChatConnection(Connection):
         if session.closed or session.close_reason is not None:
             return
         query = self.chat.query
-        await self._send_obj(wire.handshake(query.handshake if query is not None else "python"))
+        await self.send_message(wire.handshake(query.handshake if query is not None else "python"))
         self.ready = True
-        if self._nursery is not None:
-            self._nursery.start_soon(self._keepalive)
+        self.start_soon(self._keepalive)
 
     async def _send_audio(self, message: wire.EncodeAudio) -> None:
         stream = self.stream
@@ -229,20 +221,20 @@ class ApiChatConnection(Connection):
         except _codec_errors()[1]:
             await self._codec_lost()
             return
-        await self._send_obj(wire.audio_message(ogg))
+        await self.send_message(wire.audio_message(ogg))
 
     async def _keepalive(self) -> None:
         """A ping after ``KEEPALIVE_S`` without a message: the model is lockstep, so a client
         that stops sending gets no audio, and the stock UIs close after 10 s of silence."""
-        while self._closed_code is None:
+        while not self.socket_closed:
             due = self._last_sent + wire.KEEPALIVE_S
             if trio.current_time() >= due:
-                await self._send_obj(wire.PING)
+                await self.send_message(wire.PING)
                 continue
             await trio.sleep_until(due)
 
     # -- reading ----------------------------------------------------------------------------------
-    async def _handle(self, data: WireMessage) -> None:
+    async def handle_message(self, data: WireMessage) -> None:
         session = self.session
         assert session is not None
         if self.faults is not None:
@@ -305,8 +297,7 @@ class ApiChatConnection(Connection):
             await session.reject("audio", errors.INTERNAL_ERROR, "the audio codec worker failed")
         except trio.ClosedResourceError:
             return
-        if self._nursery is not None:
-            self._nursery.start_soon(session.close, CODEC_LOST)
+        self.start_soon(session.close, CODEC_LOST)
 
 
 __all__ = ["ApiChatConnection", "ApiChatDialect", "OpusPool", "OpusStream"]

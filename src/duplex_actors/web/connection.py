@@ -104,6 +104,13 @@ class Transport:
 
 
 class Connection:
+    """One WebSocket connection's reader and writer around its session.
+
+    A dialect that handles its own wire (``web.api_chat.ApiChatConnection``) overrides the hooks
+    ``send_message``, ``write_events`` (the writer task, which ends with ``end_writing``) and
+    ``handle_message`` (one client message), and may use ``start_soon`` and ``socket_closed``.
+    """
+
     def __init__(
         self,
         server: DuplexServer[Any],
@@ -131,10 +138,40 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._budget: InputBudget | None = None  # the reader's, once it reads
 
-    # -- sending ---------------------------------------------------------------------------------
-    async def _send_obj(self, message: OutboundMessage) -> None:
+    # -- hooks ---------------------------------------------------------------------------------
+    async def send_message(self, message: OutboundMessage) -> None:
+        """Send one message by itself (a refusal; the writer sends its batches in one write)."""
         await self.transport.send(_wire(message))
 
+    # -- for the hooks ---------------------------------------------------------------------------
+    @property
+    def socket_closed(self) -> bool:
+        """Whether the WebSocket close has been sent."""
+        return self._closed_code is not None
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run a task beside the reader and the writer (nothing once the connection has ended)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def end_writing(self, closed: ev.SessionClosed | None) -> None:
+        """The writer's end: close the socket with the code of the session's close reason
+        (``closed``, or the session's own when its ``SessionClosed`` never reached the writer)
+        and stop the reader."""
+        assert self.session is not None
+        if closed is not None:
+            code = CLOSE_CODES.get(closed.reason)
+            if code is not None:
+                await self._close(code, closed.reason)
+        else:
+            # The session ended without its events reaching us (the outbox overflowed: a slow
+            # consumer): the socket still gets the close code of why it ended.
+            reason = self.session.close_reason or "error"
+            await self._close(CLOSE_CODES.get(reason, 1011), reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # -- sending ---------------------------------------------------------------------------------
     async def _close(self, code: int, reason: str = "") -> None:
         if self._closed_code is None:
             self._closed_code = code
@@ -145,7 +182,7 @@ class Connection:
         self, code: str, message: str, close_code: int, client_event_id: str | None = None
     ) -> None:
         self.counters.refused[code] += 1
-        await self._send_obj(self.dialect.refusal(code, message, client_event_id))
+        await self.send_message(self.dialect.refusal(code, message, client_event_id))
         await self._close(close_code, code)
 
     # -- the connection --------------------------------------------------------------------------
@@ -172,9 +209,9 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._writer, projection)
+                nursery.start_soon(self.write_events, projection)
                 if opening.pending is not None:
-                    await self._handle(opening.pending)
+                    await self.handle_message(opening.pending)
                 await self._reader()
         except Exception:
             reason = "error"
@@ -194,13 +231,14 @@ class Connection:
             except RuntimeError:  # the connection is finishing on its own
                 pass
 
-    async def _writer(self, projection: Projection) -> None:
-        """Project the session's events and send them: what is already queued when the writer
-        wakes (a tick's frame and its transcript, a burst after a stall) goes in one write."""
+    async def write_events(self, projection: Projection) -> None:
+        """The writer task: project the session's events and send them until the session closes,
+        then :meth:`end_writing`. What is already queued when the writer wakes (a tick's frame
+        and its transcript, a burst after a stall) goes in one write."""
         assert self.session is not None
         events = self.session.events()
-        closed_seen = False
-        while not closed_seen:
+        closed: ev.SessionClosed | None = None
+        while closed is None:
             try:
                 event = await events.receive()
             except trio.EndOfChannel:
@@ -214,7 +252,7 @@ class Connection:
                         batch.append(_wire(closing))
                 batch.extend(_wire(message) for message in projection.project(event))
                 if isinstance(event, ev.SessionClosed):
-                    closed_seen = True
+                    closed = event
                     break
                 if len(batch) >= MAX_BATCH_MESSAGES:
                     break
@@ -224,18 +262,7 @@ class Connection:
                     break
             if batch:
                 await self.transport.send_many(batch)
-            if closed_seen:
-                assert isinstance(event, ev.SessionClosed)
-                code = CLOSE_CODES.get(event.reason)
-                if code is not None:
-                    await self._close(code, event.reason)
-        if not closed_seen:
-            # The session ended without its events reaching us (the outbox overflowed: a slow
-            # consumer): the socket still gets the close code of why it ended.
-            reason = self.session.close_reason or "error"
-            await self._close(CLOSE_CODES.get(reason, 1011), reason)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        await self.end_writing(closed)
 
     async def _reader(self) -> None:
         session = self.session
@@ -280,7 +307,7 @@ class Connection:
                 return False
             # The socket is not read meanwhile: TCP pushes back.
             await trio.sleep(max(delay, HOLD_QUANTUM_S))
-        await self._handle(data)
+        await self.handle_message(data)
         if session.closed:
             return False
         if budget.persistent(trio.current_time(), session.input_held_since):
@@ -318,7 +345,8 @@ class Connection:
             return
         await self.session.close("rate_limited")
 
-    async def _handle(self, data: WireMessage) -> None:
+    async def handle_message(self, data: WireMessage) -> None:
+        """Handle one client message that the input budget admitted."""
         session = self.session
         assert session is not None
         if self.faults is not None:
