@@ -58,6 +58,7 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
+from . import error_codes
 from .audio import SAMPLE_RATE
 from .config import ConfigError, ServerConfig
 from .core.link import (
@@ -611,7 +612,7 @@ WEBSOCKET_ROUTES = {"/v1/realtime": "realtime", "/v1/duplex": "native", API_CHAT
 
 def _refuse_http(holder: ModelHolder, code: str, message: str, *, retry: bool = True) -> HttpReply:
     holder.counters.refused[code] += 1
-    kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
+    kind = "rate_limit_error" if code == error_codes.RESOURCE_EXHAUSTED else "server_error"
     body = {"error": {"type": kind, "code": code, "message": message}}
     if retry:
         return HttpReply(503, body, {"Retry-After": str(RETRY_AFTER_S)})
@@ -729,7 +730,7 @@ async def _run_connection(
         holder.counters.connection_errors["handler"] += 1
         with trio.CancelScope(shield=True):
             try:
-                await conn.refuse("internal_error", "the server failed on this connection", 1011)
+                await conn.refuse(error_codes.INTERNAL_ERROR, "the server failed on this connection", 1011)
             except Exception:
                 pass
     finally:
@@ -755,7 +756,9 @@ async def _open_and_run(
     if dialect.name == "realtime":
         wanted = ws.args.get("model")
         if wanted and wanted != model:
-            await conn.refuse("model_not_found", f"this server serves {model!r}, not {wanted!r}", 1008)
+            await conn.refuse(
+                error_codes.MODEL_NOT_FOUND, f"this server serves {model!r}, not {wanted!r}", 1008
+            )
             return
     try:
         opening = await read_opening(dialect, ws.receive)

@@ -33,6 +33,7 @@ import attrs
 import numpy as np
 import trio
 
+from . import error_codes
 from .audio import FRAME_SAMPLES, float_to_pcm16_array
 from .config import ServerConfig
 from .core import wire
@@ -133,7 +134,7 @@ class _Proxy:
         self.link.result(self.slot, result)
 
     def reset_failed(self, exc: BaseException) -> None:
-        self.link.queue((wire.RESET_FAILED, self.slot, code_of(exc, "internal_error"), str(exc)))
+        self.link.queue((wire.RESET_FAILED, self.slot, code_of(exc, error_codes.INTERNAL_ERROR), str(exc)))
 
     def step_failed(self, exc: BaseException) -> None:
         self.link.queue((wire.STEP_FAILED, self.slot, f"{type(exc).__name__}: {exc}"))

@@ -6,11 +6,13 @@ scheduler raised without importing those layers.
 
 from __future__ import annotations
 
+from . import error_codes
+
 
 class CodedError(Exception):
     """``code`` is stable and user-visible (protocol/errors.py lists the codes)."""
 
-    code: str = "internal_error"
+    code: str = error_codes.INTERNAL_ERROR
 
 
 def code_of(exc: BaseException, default: str) -> str:

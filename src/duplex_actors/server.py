@@ -31,7 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from . import __version__
+from . import __version__, error_codes
+from . import close_reasons as reasons
 from .audio import SAMPLE_RATE, encode_f32
 from .config import DEFAULT_TICK_POLICY
 from .counters import Counters
@@ -66,7 +67,7 @@ __all__ = [
 
 
 class LogUnavailable(CodedError):
-    code = "log_unavailable"
+    code = error_codes.LOG_UNAVAILABLE
 
 
 def new_session_id() -> str:
@@ -230,7 +231,7 @@ class SessionHandle:
         """Record an inbound event that failed validation; the client gets the error event."""
         await self._send(r.Rejected(event_type, code, message, client_event_id))
 
-    async def close(self, reason: str = "client_close") -> None:
+    async def close(self, reason: str = reasons.CLIENT_CLOSE) -> None:
         """Ask the session to close and wait until its log is finished and its slot freed."""
         if not self.closed:
             try:
@@ -241,7 +242,7 @@ class SessionHandle:
 
     async def disconnect(self) -> None:
         """The client went away without closing (its socket dropped)."""
-        await self.close("disconnect")
+        await self.close(reasons.DISCONNECT)
 
     def events(self) -> trio.MemoryReceiveChannel[ev.SessionEvent]:
         """The session's events, ending after ``SessionClosed``."""
@@ -552,7 +553,7 @@ class DuplexServer(Generic[SchedulerT]):
         while self.sessions:
             await self._session_ended.wait()
 
-    async def aclose(self, reason: str = "server_shutdown") -> None:
+    async def aclose(self, reason: str = reasons.SERVER_SHUTDOWN) -> None:
         """Stop admitting, close every session with ``reason``, wait for their logs."""
         self.accepting = False
         actors = list(self.sessions.values())

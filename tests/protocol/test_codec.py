@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from duplex_actors.error_codes import CODES, error_type
 from duplex_actors.protocol import codec
 from duplex_actors.protocol import events as wire
 from duplex_actors.protocol.codec import (
@@ -22,7 +23,7 @@ from duplex_actors.protocol.codec import (
     parse_client_text,
     resolve_input_format,
 )
-from duplex_actors.protocol.errors import CODES, ProtocolError, error_type
+from duplex_actors.protocol.errors import ProtocolError
 
 DIALECTS = ("realtime", "native")
 

@@ -49,6 +49,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
+from .. import error_codes
 from ..audio import FORMATS, FRAME_MS, canonical_format, check_rate, default_rate
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import (
@@ -658,7 +659,7 @@ class DuplexClient:
                 err = self._open_errors[0]
                 with trio.move_on_after(2):
                     await self._done.wait()  # the close code follows the error
-                cls = ResourceExhausted if err.code == "resource_exhausted" else SessionRefused
+                cls = ResourceExhausted if err.code == error_codes.RESOURCE_EXHAUSTED else SessionRefused
                 raise cls(err.code, err.message, self.close_code)
             raise ServerClosed(self.close_code, self.close_reason) from self.failure
         if self._open_errors:

@@ -71,6 +71,7 @@ import attrs
 import numpy as np
 import trio
 
+from .. import error_codes
 from ..audio import FRAME_S
 from .apichat import is_api_chat_url, open_api_chat_client
 from .audio import (
@@ -366,7 +367,7 @@ async def run_trial(opts: Options, n: int, audio: Audio) -> Trial:
         except Unauthorized as exc:
             run.failure = f"unauthorized: {exc}"
         except ResourceExhausted:
-            run.failure = "resource_exhausted"
+            run.failure = error_codes.RESOURCE_EXHAUSTED
         except SessionRefused as exc:
             run.failure = exc.code
         except ConnectFailed as exc:

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from .. import error_codes
 from ..errors import CodedError
 from ..log import records as r
 from ..model.engine import EngineDescription, SessionPrompt
@@ -55,7 +56,7 @@ _CREDENTIALS = struct.Struct("3i")
 class CoreUnavailable(CodedError):
     """The engine core could not be reached, or its process is gone."""
 
-    code = "internal_error"
+    code = error_codes.INTERNAL_ERROR
 
 
 class CoreStartFailed(CoreUnavailable):
@@ -171,7 +172,7 @@ class CoreLink:
         if reply[0] == wire.ADMITTED:
             return int(reply[2])
         code, message = reply[2], reply[3]
-        if code == "resource_exhausted":
+        if code == error_codes.RESOURCE_EXHAUSTED:
             raise ResourceExhausted(message)
         raise SchedulerFailed(message)
 
@@ -382,7 +383,7 @@ class CoreLink:
             elif kind == wire.STEP_FAILED:
                 occupant = occupants.get(item[1])
                 if occupant is not None:
-                    occupant.step_failed(_RemoteError("internal_error", item[2]))
+                    occupant.step_failed(_RemoteError(error_codes.INTERNAL_ERROR, item[2]))
             elif kind == wire.GATHER:
                 snapshot = self.on_gather() if self.on_gather is not None else None
                 self._queue((wire.GATHERED, item[1], snapshot))

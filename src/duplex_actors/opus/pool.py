@@ -49,8 +49,8 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from ..error_codes import INTERNAL_ERROR
 from ..errors import CodedError
-from ..protocol.errors import INTERNAL_ERROR
 from . import wire
 from .codec import OpusUndecodable
 

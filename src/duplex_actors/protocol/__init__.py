@@ -9,6 +9,7 @@ messages out (``docs/api.md``, spec ``wire-protocol.md``). No trio, no torch, no
   (not imported here: ``python -m duplex_actors.protocol.schemas`` runs it as a script).
 """
 
+from ..error_codes import error_type
 from .codec import (
     decode_append,
     decode_audio_b64,
@@ -20,7 +21,7 @@ from .codec import (
     parse_client_text,
     resolve_input_format,
 )
-from .errors import ProtocolError, error_type
+from .errors import ProtocolError
 from .native import NativeProjection
 from .realtime import RealtimeProjection, refusal_error
 

@@ -26,8 +26,8 @@ import pybase64
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
+from .. import error_codes as codes
 from ..audio import ALIASES, AudioError, canonical_format, canonical_output_format, check_rate, default_rate
-from . import errors as codes
 from . import events as wire
 from .errors import ProtocolError, clip
 from .events import (

@@ -55,12 +55,14 @@ from typing import Any, Final, Literal, cast
 import attrs
 import pybase64
 
+from .. import close_reasons as reasons
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
+from ..error_codes import error_type
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
 from . import events as wire
 from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
-from .errors import ProtocolError, clip, error_type
+from .errors import ProtocolError, clip
 
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
 # The stock route's response.done reasons: OpenAI's types know client_cancelled (and
@@ -317,7 +319,7 @@ class RealtimeProjection:
                 out.append(self.error_event(event.code, message, event.client_event_id, event.param))
             case ev.SessionClosed():
                 self._flush(out)
-                if self.duplex or event.reason == "client_close":
+                if self.duplex or event.reason == reasons.CLIENT_CLOSE:
                     self._emit(out, wire.RealtimeSessionClosed(self._id(), event.session_id, event.reason))
                 self.closed = True
         return out

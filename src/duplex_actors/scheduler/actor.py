@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from .. import error_codes
 from ..audio import FRAME_MS
 from ..errors import CodedError
 from ..model.engine import ModelEngine, SessionPrompt, StepOutput
@@ -60,11 +61,11 @@ WAIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.32, fl
 
 
 class ResourceExhausted(CodedError):
-    code = "resource_exhausted"
+    code = error_codes.RESOURCE_EXHAUSTED
 
 
 class SchedulerFailed(CodedError):
-    code = "internal_error"
+    code = error_codes.INTERNAL_ERROR
 
 
 @attrs.frozen(slots=True)

@@ -25,10 +25,11 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from .. import close_reasons as reasons
+from .. import error_codes
 from ..audio import float_to_pcm16
 from ..model.engine import EngineFamily
 from ..protocol import api_chat as wire
-from ..protocol import errors
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer
 from ..session import events as ev
@@ -43,9 +44,6 @@ DECODE_SLICE_BYTES = 2048
 # unless the server sets its own (``prepare_timeout_s``: ``--prepare-timeout``, or derived from the
 # prefill time measured at start-up, app.py).
 PREPARE_TIMEOUT_S = 30.0
-# Session close reasons of this dialect (their close codes are in connection.CLOSE_CODES).
-INVALID_AUDIO = "invalid_audio"
-CODEC_LOST = "codec_lost"
 
 
 class OpusStream(Protocol):
@@ -100,11 +98,11 @@ class ApiChatDialect:
             )
             family.check_context(prompt)
         except Exception as exc:
-            code = getattr(exc, "code", errors.INVALID_VALUE)
+            code = getattr(exc, "code", error_codes.INVALID_VALUE)
             message = str(exc)
-            if code == errors.INVALID_VOICE and family.voices and "bundled voices" not in message:
+            if code == error_codes.INVALID_VOICE and family.voices and "bundled voices" not in message:
                 message = f"{message}; bundled voices: {', '.join(family.voices)}"
-            param = "voice_prompt" if code == errors.INVALID_VOICE else None
+            param = "voice_prompt" if code == error_codes.INVALID_VOICE else None
             raise ProtocolError(code, message, param=param) from None
         return Opening(config)
 
@@ -112,12 +110,12 @@ class ApiChatDialect:
         return wire.ApiChatProjection(session_id)
 
     def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
-        if code == errors.RESOURCE_EXHAUSTED:
+        if code == error_codes.RESOURCE_EXHAUSTED:
             message = f"server busy: {message}"
         return wire.error_message(message)
 
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
-        raise ProtocolError(errors.BAD_EVENT, "/api/chat messages are handled by its connection")
+        raise ProtocolError(error_codes.BAD_EVENT, "/api/chat messages are handled by its connection")
 
     def first_message(self, data: WireMessage) -> Opening:
         return Opening()
@@ -158,7 +156,7 @@ class ApiChatConnection(Connection):
             self.stream = await pool.open_stream()
         except Exception as exc:
             log.error("no Opus stream for an /api/chat connection: %s", exc)
-            await self.refuse(errors.INTERNAL_ERROR, "the audio codec is unavailable", 1011)
+            await self.refuse(error_codes.INTERNAL_ERROR, "the audio codec is unavailable", 1011)
             return
         try:
             await super().run(opening)
@@ -198,11 +196,11 @@ class ApiChatConnection(Connection):
         if waited.cancelled_caught:
             await session.reject(
                 "session.open",
-                errors.INTERNAL_ERROR,
+                error_codes.INTERNAL_ERROR,
                 f"the session's prompt was not prefilled within the prepare timeout of "
                 f"{self.prepare_timeout_s:g} s ({self.prepare_timeout_source})",
             )
-            await session.close("error")
+            await session.close(reasons.ERROR)
             return
         if session.closed or session.close_reason is not None:
             return
@@ -282,10 +280,10 @@ class ApiChatConnection(Connection):
         session = self.session
         assert session is not None
         try:
-            await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
+            await session.reject("audio", error_codes.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
         except trio.ClosedResourceError:
             return
-        await session.close(INVALID_AUDIO)
+        await session.close(reasons.INVALID_AUDIO)
 
     async def _codec_lost(self) -> None:
         session = self.session
@@ -294,10 +292,10 @@ class ApiChatConnection(Connection):
             return
         self._codec_lost_seen = True  # the reader and the writer can both find it out
         try:
-            await session.reject("audio", errors.INTERNAL_ERROR, "the audio codec worker failed")
+            await session.reject("audio", error_codes.INTERNAL_ERROR, "the audio codec worker failed")
         except trio.ClosedResourceError:
             return
-        self.start_soon(session.close, CODEC_LOST)
+        self.start_soon(session.close, reasons.CODEC_LOST)
 
 
 __all__ = ["ApiChatConnection", "ApiChatDialect", "OpusPool", "OpusStream"]

@@ -28,6 +28,8 @@ from typing import Any
 
 import trio
 
+from .. import close_reasons as reasons
+from .. import error_codes
 from ..counters import Counters
 from ..faults import Faults
 from ..protocol.errors import ProtocolError
@@ -39,16 +41,15 @@ from .dialects import AppendCommand, Dialect, Opening, OutboundMessage, Projecti
 log = logging.getLogger(__name__)
 
 CLOSE_CODES = {
-    "client_close": 1000,
-    "timeout": 1000,
-    "server_shutdown": 1012,
-    "error": 1011,
-    "log_unavailable": 1011,
-    "slow_consumer": 1011,
-    "rate_limited": 1008,
-    # /api/chat's own endings: undecodable Ogg/Opus, and a codec worker process that died
-    "invalid_audio": 1007,
-    "codec_lost": 1011,
+    reasons.CLIENT_CLOSE: 1000,
+    reasons.TIMEOUT: 1000,
+    reasons.SERVER_SHUTDOWN: 1012,
+    reasons.ERROR: 1011,
+    reasons.LOG_UNAVAILABLE: 1011,
+    reasons.SLOW_CONSUMER: 1011,
+    reasons.RATE_LIMITED: 1008,
+    reasons.INVALID_AUDIO: 1007,
+    reasons.CODEC_LOST: 1011,
 }
 
 
@@ -166,7 +167,7 @@ class Connection:
         else:
             # The session ended without its events reaching us (the outbox overflowed: a slow
             # consumer): the socket still gets the close code of why it ended.
-            reason = self.session.close_reason or "error"
+            reason = self.session.close_reason or reasons.ERROR
             await self._close(CLOSE_CODES.get(reason, 1011), reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -199,13 +200,13 @@ class Connection:
                 reservation=self.reservation,
             )
         except ResourceExhausted as exc:
-            await self.refuse("resource_exhausted", str(exc), 1013)
+            await self.refuse(error_codes.RESOURCE_EXHAUSTED, str(exc), 1013)
             return
         except LogUnavailable as exc:
-            await self.refuse("log_unavailable", str(exc), 1011)
+            await self.refuse(error_codes.LOG_UNAVAILABLE, str(exc), 1011)
             return
         projection = self.dialect.projection(self.session.session_id)
-        reason = "disconnect"  # the handler is cancelled when the client's socket drops
+        reason = reasons.DISCONNECT  # the handler is cancelled when the client's socket drops
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -214,7 +215,7 @@ class Connection:
                     await self.handle_message(opening.pending)
                 await self._reader()
         except Exception:
-            reason = "error"
+            reason = reasons.ERROR
             raise
         finally:
             self._nursery = None  # closed: a late drain() must not start tasks in it
@@ -227,7 +228,7 @@ class Connection:
         self.draining = True
         if self.session is not None and self._nursery is not None and not self.session.closed:
             try:
-                self._nursery.start_soon(self.session.close, "server_shutdown")
+                self._nursery.start_soon(self.session.close, reasons.SERVER_SHUTDOWN)
             except RuntimeError:  # the connection is finishing on its own
                 pass
 
@@ -247,7 +248,7 @@ class Connection:
             while True:
                 if self.draining and not self._closing_sent:
                     self._closing_sent = True
-                    closing = projection.closing_event("server_shutdown")
+                    closing = projection.closing_event(reasons.SERVER_SHUTDOWN)
                     if closing is not None:
                         batch.append(_wire(closing))
                 batch.extend(_wire(message) for message in projection.project(event))
@@ -290,7 +291,7 @@ class Connection:
                 with trio.move_on_after(IDLE_GRACE_S) as grace:
                     data = await self.transport.receive()
                 if grace.cancelled_caught:
-                    await session.close("timeout")
+                    await session.close(reasons.TIMEOUT)
                     return
             if data is not _NOTHING and not await self._admit_and_handle(budget, data):
                 return
@@ -340,10 +341,10 @@ class Connection:
         )
         log.warning("session %s: rate limited, closing", self.session.session_id)
         try:
-            await self.session.reject("connection", "rate_limited", message)
+            await self.session.reject("connection", error_codes.RATE_LIMITED, message)
         except trio.ClosedResourceError:
             return
-        await self.session.close("rate_limited")
+        await self.session.close(reasons.RATE_LIMITED)
 
     async def handle_message(self, data: WireMessage) -> None:
         """Handle one client message that the input budget admitted."""

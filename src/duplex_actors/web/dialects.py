@@ -14,7 +14,9 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..protocol import codec, errors
+from .. import close_reasons as reasons
+from .. import error_codes
+from ..protocol import codec
 from ..protocol import events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
@@ -98,7 +100,7 @@ async def read_opening(dialect: Dialect, receive: Callable[[], Awaitable[WireMes
         return Opening()
     with trio.move_on_after(CONFIG_TIMEOUT_S):
         return dialect.first_message(await receive())
-    raise ProtocolError(errors.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
+    raise ProtocolError(error_codes.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
 
 
 @attrs.frozen(slots=True)
@@ -153,7 +155,7 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         truncated, index, end_ms = event.item_id, event.content_index, event.audio_end_ms
         if index < 0 or end_ms < 0:
             raise ProtocolError(
-                errors.INVALID_VALUE,
+                error_codes.INVALID_VALUE,
                 "content_index and audio_end_ms must not be negative",
                 event_type=event.TYPE,
                 client_event_id=eid,
@@ -171,14 +173,14 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         payload = dict(event.payload)
         return lambda s: s.playback_ack(payload, client_event_id=eid)
     if isinstance(event, pe.SessionClose):
-        return lambda s: s.close("client_close")
+        return lambda s: s.close(reasons.CLIENT_CLOSE)
     if isinstance(event, pe.SessionEventAck):
         return _acknowledged
     if isinstance(event, pe.InputAudioBufferCommit):
         return lambda s: _refuse_commit(s, eid)
     if isinstance(event, pe.ResponseCreate) and stock:
         raise ProtocolError(
-            errors.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+            error_codes.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
             "the model is always responding (a lockstep duplex model): there is an active response "
             "already, and its audio goes on frame by frame",
             event_type=event.TYPE,
@@ -186,19 +188,21 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         )
     if isinstance(event, pe.ResponseCreate):
         raise ProtocolError(
-            errors.RESPONSE_CREATE_UNSUPPORTED,
+            error_codes.RESPONSE_CREATE_UNSUPPORTED,
             "response.create is meaningless for a lockstep duplex model: it always responds",
             event_type=event.TYPE,
             client_event_id=eid,
         )
     if isinstance(event, pe.SessionCreate):
         raise ProtocolError(
-            errors.BAD_EVENT,
+            error_codes.BAD_EVENT,
             "session.create is only valid as the first message",
             event_type=event.TYPE,
             client_event_id=eid,
         )
-    raise ProtocolError(errors.UNKNOWN_EVENT, f"unhandled event {type(event).__name__}", client_event_id=eid)
+    raise ProtocolError(
+        error_codes.UNKNOWN_EVENT, f"unhandled event {type(event).__name__}", client_event_id=eid
+    )
 
 
 async def _acknowledged(session: SessionHandle) -> None:
@@ -212,10 +216,10 @@ async def _refuse_commit(session: SessionHandle, client_event_id: str | None) ->
     queues them without waiting for the session)."""
     await session.wait_handled()
     if session.core.buffered_samples == 0:
-        code = errors.INPUT_AUDIO_BUFFER_EMPTY
+        code = error_codes.INPUT_AUDIO_BUFFER_EMPTY
         message = "input_audio_buffer.commit: the input audio buffer is empty"
     else:
-        code = errors.COMMIT_UNSUPPORTED
+        code = error_codes.COMMIT_UNSUPPORTED
         message = (
             "input_audio_buffer.commit is meaningless for a lockstep duplex model: audio is "
             "consumed frame by frame as it arrives"
@@ -264,7 +268,7 @@ class RealtimeDialect:
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if not isinstance(data, str):
             raise ProtocolError(
-                errors.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
+                error_codes.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
             )
         return _command(
             codec.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
@@ -297,7 +301,7 @@ def _pcm16_output_only(cfg: Mapping[str, Any], *, client_event_id: str | None = 
     fmt = cfg.get("output_audio_format")
     if fmt is not None and fmt != "pcm16":
         raise ProtocolError(
-            errors.UNSUPPORTED_AUDIO_FORMAT,
+            error_codes.UNSUPPORTED_AUDIO_FORMAT,
             f"/v1/duplex sends pcm16 at 24000 Hz only; {fmt} output is offered on /v1/realtime",
             param="session.output_audio_format",
             client_event_id=client_event_id,
@@ -342,11 +346,11 @@ class NativeDialect:
     def first_message(self, data: WireMessage) -> Opening:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
         if not isinstance(data, str):
-            raise ProtocolError(errors.BAD_EVENT, "the first message must be session.create (JSON text)")
+            raise ProtocolError(error_codes.BAD_EVENT, "the first message must be session.create (JSON text)")
         event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if not isinstance(event, pe.SessionCreate):
             raise ProtocolError(
-                errors.BAD_EVENT,
+                error_codes.BAD_EVENT,
                 f"the first message must be session.create, got {event.TYPE}",
                 client_event_id=event.event_id,
             )
