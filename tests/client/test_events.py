@@ -26,7 +26,7 @@ from duplex_actors.client import (
     to_wire_bytes,
 )
 from duplex_actors.protocol import codec
-from duplex_actors.protocol.events import Dialect, InputAudioBufferAppend
+from duplex_actors.protocol.events import DialectName, InputAudioBufferAppend
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection, refusal_error
 from duplex_actors.session import events as ev
@@ -58,7 +58,7 @@ def _project(dialect: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("dialect", ["ga", "beta", "native"])
 def test_parses_every_projection(dialect: str) -> None:
-    wire: Dialect = "native" if dialect == "native" else "realtime"
+    wire: DialectName = "native" if dialect == "native" else "realtime"
     events = [parse_server_event(m, dialect=wire, seq=i + 1) for i, m in enumerate(_project(dialect))]
     by_class: dict[type, list[Any]] = {}
     for e in events:
@@ -140,7 +140,7 @@ def test_refusals_and_closing_parse() -> None:
     ],
 )
 def test_malformed_shapes_never_raise_and_read_as_untyped(
-    obj: dict[str, Any], dialect: Dialect, expected: Any
+    obj: dict[str, Any], dialect: DialectName, expected: Any
 ) -> None:
     """A message that is not a valid event of its class, or of an unknown or missing type, reads
     as OtherEvent without a wire event (a malformed error still as an Error); the raw object is

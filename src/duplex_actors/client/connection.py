@@ -54,7 +54,7 @@ from ..audio import FORMATS, FRAME_MS, canonical_format, check_rate, default_rat
 from ..protocol.codec import dumps, encode_client_event
 from ..protocol.events import (
     ClientEvent,
-    Dialect,
+    DialectName,
     InputAudioBufferClear,
     NativeOutputAudioDelta,
     OutputAudioBufferClear,
@@ -170,7 +170,7 @@ def _wire(event: ClientEvent) -> str:
     return dumps(obj)
 
 
-def _dialect_of(url: str) -> Dialect:
+def _dialect_of(url: str) -> DialectName:
     return "native" if urlsplit(url).path.rstrip("/").endswith("/v1/duplex") else "realtime"
 
 
@@ -234,7 +234,7 @@ class DuplexClient:
         self,
         ws: WebSocketConnection,
         *,
-        dialect: Dialect,
+        dialect: DialectName,
         input_format: str = "pcm16",
         input_rate: int | None = None,
         on_event: Callable[[ServerEvent], None] | None = None,
@@ -243,7 +243,7 @@ class DuplexClient:
     ) -> None:
         self.ws = ws
         self.alignment = alignment
-        self.dialect: Dialect = dialect
+        self.dialect: DialectName = dialect
         self.input_format = canonical_format(input_format)
         self.input_rate = check_rate(
             self.input_format, default_rate(self.input_format) if input_rate is None else input_rate

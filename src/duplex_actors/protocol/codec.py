@@ -36,7 +36,7 @@ from .events import (
     REALTIME_CLIENT_EVENTS,
     ClientEvent,
     ConversationItemCreate,
-    Dialect,
+    DialectName,
     InputAudioBufferAppend,
     NativeClientEvent,
     PlaybackAck,
@@ -327,7 +327,7 @@ def _describe(exc: BaseException, _: Any) -> str:
 
 
 def parse_client_text(
-    text: str, *, dialect: Dialect, max_message_bytes: int = MAX_MESSAGE_BYTES
+    text: str, *, dialect: DialectName, max_message_bytes: int = MAX_MESSAGE_BYTES
 ) -> ClientEvent:
     """Parse one text message of ``dialect``; raises ProtocolError (``invalid_json``,
     ``bad_event``, ``unknown_event``) and nothing else."""
@@ -373,7 +373,7 @@ def _fast_append(obj: Any) -> InputAudioBufferAppend | None:
     return InputAudioBufferAppend(**{k: v for k, v in obj.items() if k != "type"})
 
 
-def parse_client_object(obj: Any, *, dialect: Dialect, non_finite: str | None = None) -> ClientEvent:
+def parse_client_object(obj: Any, *, dialect: DialectName, non_finite: str | None = None) -> ClientEvent:
     """Validate an already-decoded JSON value as a client event of ``dialect``; ``non_finite``
     is a number literal of the message that is out of float range (refused with ``bad_event``)."""
     if not isinstance(obj, dict):

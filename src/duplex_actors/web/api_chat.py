@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import trio
 
 from .. import close_reasons as reasons
 from .. import error_codes
 from ..audio import float_to_pcm16
 from ..model.engine import EngineFamily
+from ..opus.pool import OpusStream
 from ..protocol import api_chat as wire
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer
@@ -44,26 +44,6 @@ DECODE_SLICE_BYTES = 2048
 # unless the server sets its own (``prepare_timeout_s``: ``--prepare-timeout``, or derived from the
 # prefill time measured at start-up, app.py).
 PREPARE_TIMEOUT_S = 30.0
-
-
-class OpusStream(Protocol):
-    """One session's Opus decoder and encoder (``duplex_actors.opus.pool.OpusStream``)."""
-
-    async def decode(self, data: bytes) -> npt.NDArray[np.float32]: ...
-
-    async def discard(self, data: bytes) -> None:
-        """Consume ``data`` (header pages count) without decoding audio."""
-        ...
-
-    async def encode(self, pcm: npt.NDArray[np.float32]) -> bytes: ...
-
-    async def aclose(self) -> None: ...
-
-
-class OpusPool(Protocol):
-    """The server's codec worker processes (``duplex_actors.opus.pool.OpusPool``)."""
-
-    async def open_stream(self) -> OpusStream: ...
 
 
 def _codec_errors() -> tuple[type[BaseException], type[BaseException]]:
@@ -152,7 +132,7 @@ class ApiChatConnection(Connection):
     async def run(self, opening: Opening | None = None) -> None:
         # The stream first: the reader feeds it from the first message (header pages).
         try:
-            pool: OpusPool = await self.server.get_opus_pool()  # started on first use
+            pool = await self.server.get_opus_pool()  # started on first use
             self.stream = await pool.open_stream()
         except Exception as exc:
             log.error("no Opus stream for an /api/chat connection: %s", exc)
@@ -298,4 +278,4 @@ class ApiChatConnection(Connection):
         self.start_soon(session.close, reasons.CODEC_LOST)
 
 
-__all__ = ["ApiChatConnection", "ApiChatDialect", "OpusPool", "OpusStream"]
+__all__ = ["ApiChatConnection", "ApiChatDialect"]
