@@ -59,6 +59,7 @@ from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
 from . import error_codes
+from .admission import LogUnavailable, ResourceExhausted, SchedulerFailed
 from .audio import SAMPLE_RATE
 from .config import ConfigError, ServerConfig
 from .core.link import (
@@ -76,8 +77,7 @@ from .model.startup import FAILED, PhaseReport, StartupState
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
-from .scheduler.actor import SchedulerFailed
-from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation, open_linked_server
+from .server import DuplexServer, SlotReservation, open_linked_server
 from .web import auth
 from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
 from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket

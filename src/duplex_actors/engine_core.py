@@ -34,6 +34,7 @@ import numpy as np
 import trio
 
 from . import error_codes
+from .admission import ResourceExhausted, SchedulerFailed
 from .audio import FRAME_SAMPLES, float_to_pcm16_array
 from .config import ServerConfig
 from .core import wire
@@ -43,7 +44,7 @@ from .errors import code_of
 from .model.engine import DEFAULT_CONTEXT_POLICY, ModelEngine
 from .model.startup import FAILED, PhaseReport, PhaseSink, Startup, StartupState, import_engine
 from .procname import set_process_name
-from .scheduler.actor import ResourceExhausted, Scheduler, SchedulerFailed, StepResult
+from .scheduler.actor import Scheduler, StepResult
 from .scheduler.policy import make_policy
 
 log = logging.getLogger("duplex_actors.engine_core")

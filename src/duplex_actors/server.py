@@ -31,12 +31,12 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from . import __version__, error_codes
+from . import __version__
 from . import close_reasons as reasons
+from .admission import LogUnavailable, ResourceExhausted
 from .audio import SAMPLE_RATE, encode_f32
 from .config import DEFAULT_TICK_POLICY
 from .counters import Counters
-from .errors import CodedError
 from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
@@ -44,7 +44,7 @@ from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
 from .model.voices import AliasedVoices
 from .opus.pool import OpusPool, open_opus_pool
-from .scheduler.actor import ResourceExhausted, Scheduler
+from .scheduler.actor import Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .scheduler.policy import make_policy
 from .session import events as ev
@@ -57,17 +57,11 @@ from .session.core import PROMPT_ROLES, PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [
     "DuplexServer",
-    "LogUnavailable",
-    "ResourceExhausted",
     "SessionHandle",
     "SlotReservation",
     "open_duplex_server",
     "open_linked_server",
 ]
-
-
-class LogUnavailable(CodedError):
-    code = error_codes.LOG_UNAVAILABLE
 
 
 def new_session_id() -> str:

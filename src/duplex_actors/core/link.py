@@ -32,6 +32,7 @@ import numpy.typing as npt
 import trio
 
 from .. import error_codes
+from ..admission import ResourceExhausted, SchedulerFailed
 from ..errors import CodedError
 from ..log import records as r
 from ..model.engine import EngineDescription, SessionPrompt
@@ -164,8 +165,6 @@ class CoreLink:
     async def admit_slot(self) -> int:
         """A free slot of the core's table (``ResourceExhausted`` when there is none). The round
         trip is shielded: a slot the core granted is always either returned or freed again."""
-        from ..scheduler.actor import ResourceExhausted, SchedulerFailed
-
         self._check_alive()
         with trio.CancelScope(shield=True):
             reply = await self._request(wire.ADMIT, timeout_s=ADMIT_TIMEOUT_S)
@@ -264,8 +263,6 @@ class CoreLink:
 
     def _check_alive(self) -> None:
         if self.failed is not None:
-            from ..scheduler.actor import SchedulerFailed
-
             raise SchedulerFailed(f"the model scheduler failed: {self.failed}")
 
     def _queue(self, item: tuple[Any, ...]) -> None:

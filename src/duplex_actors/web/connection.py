@@ -30,10 +30,11 @@ import trio
 
 from .. import close_reasons as reasons
 from .. import error_codes
+from ..admission import LogUnavailable, ResourceExhausted
 from ..counters import Counters
 from ..faults import Faults
 from ..protocol.errors import ProtocolError
-from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle, SlotReservation
+from ..server import DuplexServer, SessionHandle, SlotReservation
 from ..session import events as ev
 from .budget import InputBudget, RateLimits
 from .dialects import AppendCommand, Dialect, Opening, OutboundMessage, Projection, WireMessage
