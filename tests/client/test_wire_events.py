@@ -9,7 +9,7 @@ import pytest
 
 from duplex_actors.client import Error, OtherEvent, parse_server_event
 from duplex_actors.protocol import events as wire
-from duplex_actors.protocol.codec import encode_server_event
+from duplex_actors.protocol.converter import encode_server_event
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection
 

@@ -47,7 +47,7 @@ from ..audio import (
     encode_g711,
     float_to_pcm16,
 )
-from ..protocol.codec import dumps, encode_client_event
+from ..protocol.converter import dumps, encode_client_event
 from ..protocol.events import InputAudioBufferAppend
 
 Float32Array = npt.NDArray[np.float32]

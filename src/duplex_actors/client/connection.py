@@ -51,7 +51,7 @@ from trio_websocket import (
 
 from .. import error_codes
 from ..audio import FORMATS, FRAME_MS, canonical_format, check_rate, default_rate
-from ..protocol.codec import dumps, encode_client_event
+from ..protocol.converter import dumps, encode_client_event
 from ..protocol.events import (
     ClientEvent,
     DialectName,

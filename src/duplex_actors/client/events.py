@@ -24,7 +24,7 @@ import attrs
 
 from ..audio import FRAME_MS, SAMPLE_RATE, decode, float_to_pcm16
 from ..protocol import events as wire
-from ..protocol.codec import CONVERTER
+from ..protocol.converter import CONVERTER
 from ..protocol.events import DialectName
 
 

@@ -61,8 +61,9 @@ from ..error_codes import error_type
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
 from . import events as wire
-from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
+from .converter import encode_server_event, server_event_encoder
 from .errors import ProtocolError, clip
+from .session_config import SERVER_OWNED_SESSION_KEYS
 
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
 # The stock route's response.done reasons: OpenAI's types know client_cancelled (and

@@ -16,7 +16,7 @@ import trio
 
 from .. import close_reasons as reasons
 from .. import error_codes
-from ..protocol import codec
+from ..protocol import audio_formats, conversation_items, parsing, session_config
 from ..protocol import events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
@@ -138,10 +138,10 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
     is answered as OpenAI answers one during a response."""
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
-        audio, fmt, rate = codec.decode_append(event, config)
-        return AppendCommand(audio, fmt, rate, eid, codec.append_pad_ms(event))
+        audio, fmt, rate = audio_formats.decode_append(event, config)
+        return AppendCommand(audio, fmt, rate, eid, audio_formats.append_pad_ms(event))
     if isinstance(event, pe.SessionUpdate):
-        cfg = codec.normalize_session_config(event.session, client_event_id=eid)
+        cfg = session_config.normalize_session_config(event.session, client_event_id=eid)
         return lambda s: s.update(cfg, client_event_id=eid)
     if isinstance(event, pe.InputAudioBufferClear):
         return lambda s: s.clear_input(client_event_id=eid)
@@ -162,7 +162,7 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
             )
         return lambda s: s.truncate(truncated, index, end_ms, client_event_id=eid)
     if isinstance(event, pe.ConversationItemCreate):
-        role, text, item_id = codec.text_item(event)
+        role, text, item_id = conversation_items.text_item(event)
         return lambda s: s.add_text_item(role, text, item_id=item_id, client_event_id=eid)
     if isinstance(event, pe.ConversationItemRetrieve):
         retrieved = event.item_id
@@ -240,7 +240,7 @@ class RealtimeDialect:
         beta: bool,
         autostart: bool = True,
         duplex: bool = False,
-        max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+        max_message_bytes: int = parsing.MAX_MESSAGE_BYTES,
     ) -> None:
         from ..protocol.realtime import RealtimeProjection, refusal_error
 
@@ -271,7 +271,7 @@ class RealtimeDialect:
                 error_codes.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
             )
         return _command(
-            codec.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
+            parsing.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
             config,
             stock=not self.duplex,
         )
@@ -281,14 +281,16 @@ class RealtimeDialect:
         other first message opens a default session and is then processed normally."""
         if isinstance(data, str):
             try:
-                event = codec.parse_client_text(
+                event = parsing.parse_client_text(
                     data, dialect="realtime", max_message_bytes=self.max_message_bytes
                 )
             except ProtocolError:
                 return Opening(pending=data)
             if isinstance(event, pe.SessionUpdate):
                 try:
-                    cfg = codec.normalize_session_config(event.session, client_event_id=event.event_id)
+                    cfg = session_config.normalize_session_config(
+                        event.session, client_event_id=event.event_id
+                    )
                 except ProtocolError:
                     return Opening(pending=data)
                 return Opening(cfg, None, event.event_id)
@@ -316,7 +318,7 @@ class NativeDialect:
     first_message_timeout_message = f"send session.create within {CONFIG_TIMEOUT_S:.0f} s"
 
     def __init__(
-        self, *, capabilities: dict[str, Any], max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+        self, *, capabilities: dict[str, Any], max_message_bytes: int = parsing.MAX_MESSAGE_BYTES
     ) -> None:
         self.capabilities = capabilities
         self.max_message_bytes = max_message_bytes
@@ -335,19 +337,21 @@ class NativeDialect:
 
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
-            audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
-            fmt, rate = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
+            audio = parsing.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
+            fmt, rate = audio_formats.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
             return AppendCommand(audio, fmt, rate)
-        event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
+        event = parsing.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if isinstance(event, pe.SessionUpdate):
-            _pcm16_output_only(codec.normalize_session_config(event.session, client_event_id=event.event_id))
+            _pcm16_output_only(
+                session_config.normalize_session_config(event.session, client_event_id=event.event_id)
+            )
         return _command(event, config)
 
     def first_message(self, data: WireMessage) -> Opening:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
         if not isinstance(data, str):
             raise ProtocolError(error_codes.BAD_EVENT, "the first message must be session.create (JSON text)")
-        event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
+        event = parsing.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if not isinstance(event, pe.SessionCreate):
             raise ProtocolError(
                 error_codes.BAD_EVENT,
@@ -356,7 +360,7 @@ class NativeDialect:
             )
         self.binary_output = bool(event.binary_output)
         self.output = {"binary_output": self.binary_output}
-        cfg = codec.normalize_session_config(
+        cfg = session_config.normalize_session_config(
             event.session, client_event_id=event.event_id, event_type=event.TYPE
         )
         _pcm16_output_only(cfg, client_event_id=event.event_id)
