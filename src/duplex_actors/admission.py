@@ -7,7 +7,7 @@ session with the error's code.
 from __future__ import annotations
 
 from . import error_codes
-from .errors import CodedError
+from .error_codes import CodedError
 
 
 class ResourceExhausted(CodedError):

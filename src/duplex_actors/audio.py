@@ -22,7 +22,7 @@ import numpy.typing as npt
 import soxr
 
 from . import error_codes
-from .errors import CodedError
+from .error_codes import CodedError
 
 SAMPLE_RATE: Final = 24_000
 FRAME_MS: Final = 80

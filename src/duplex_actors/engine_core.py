@@ -40,7 +40,7 @@ from .config import ServerConfig
 from .core import wire
 from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
-from .errors import code_of
+from .error_codes import code_of
 from .model.engine import DEFAULT_CONTEXT_POLICY, ModelEngine
 from .model.startup import FAILED, PhaseReport, PhaseSink, Startup, StartupState, import_engine
 from .procname import set_process_name

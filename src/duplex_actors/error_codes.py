@@ -1,8 +1,11 @@
-"""The wire error codes, and the OpenAI ``error.type`` each is reported under.
+"""The wire error codes, the OpenAI ``error.type`` each is reported under, and
+:class:`CodedError`, the base of every error that carries one.
 
 ``rate_limit_error`` when the server is full, ``server_error`` when the server failed,
 ``invalid_request_error`` for every client mistake (including codes of a model family that
-``CODES`` does not list).
+``CODES`` does not list). Every layer raises ``CodedError`` subclasses, so the session core and
+actor report the ``code`` of whatever the model family, the protocol or the scheduler raised
+without importing those layers.
 """
 
 from __future__ import annotations
@@ -83,3 +86,14 @@ ERROR_TYPES: Final[dict[str, ErrorType]] = {
 def error_type(code: str) -> ErrorType:
     """The ``error.type`` a code is reported under (unknown codes: ``invalid_request_error``)."""
     return ERROR_TYPES.get(code, "invalid_request_error")
+
+
+class CodedError(Exception):
+    """``code`` is stable and user-visible (one of the codes above, or a model family's)."""
+
+    code: str = INTERNAL_ERROR
+
+
+def code_of(exc: BaseException, default: str) -> str:
+    """The wire code of ``exc``, or ``default`` for an error that has none."""
+    return exc.code if isinstance(exc, CodedError) else default

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import sphn
 
-from duplex_actors.error_codes import BAD_AUDIO
-from duplex_actors.errors import CodedError
+from duplex_actors.error_codes import BAD_AUDIO, CodedError
 from duplex_actors.opus.codec import FRAME_SAMPLES, OggOpusDecoder, OggOpusEncoder, OpusUndecodable
 from duplex_actors.opus.ogg import BOS, EOS, OggPageReader, encode_page, opus_head, opus_tags
 

@@ -33,7 +33,7 @@ import trio
 
 from .. import error_codes
 from ..admission import ResourceExhausted, SchedulerFailed
-from ..errors import CodedError
+from ..error_codes import CodedError
 from ..log import records as r
 from ..model.engine import EngineDescription, SessionPrompt
 from ..model.family import ModelFamily

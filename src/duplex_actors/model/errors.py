@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import error_codes
-from ..errors import CodedError
+from ..error_codes import CodedError
 
 
 class ModelError(CodedError):

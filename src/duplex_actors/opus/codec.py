@@ -32,7 +32,7 @@ import numpy.typing as npt
 import sphn
 
 from .. import error_codes
-from ..errors import CodedError
+from ..error_codes import CodedError
 from .ogg import OggError, OggPage, OggPageReader
 
 SAMPLE_RATE = 24000

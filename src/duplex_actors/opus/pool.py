@@ -49,8 +49,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from ..error_codes import INTERNAL_ERROR
-from ..errors import CodedError
+from ..error_codes import INTERNAL_ERROR, CodedError
 from . import wire
 from .codec import OpusUndecodable
 

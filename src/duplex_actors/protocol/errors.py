@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..error_codes import ErrorType, error_type
-from ..errors import CodedError
+from ..error_codes import CodedError, ErrorType, error_type
 
 # Client-supplied text ends up in messages; a hostile client must not make error frames huge.
 MAX_MESSAGE_CHARS: Final = 1024

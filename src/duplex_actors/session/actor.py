@@ -23,7 +23,7 @@ from .. import close_reasons as reasons
 from .. import error_codes
 from ..audio import FORMATS, float_to_pcm16
 from ..counters import Counters
-from ..errors import code_of
+from ..error_codes import code_of
 from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev

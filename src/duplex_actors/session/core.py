@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from .. import error_codes
 from ..audio import FORMATS, FRAME_SAMPLES, SAMPLE_RATE, AudioError, InputStream
-from ..errors import CodedError, code_of
+from ..error_codes import CodedError, code_of
 from ..log import records as r
 from . import events as ev
 from .events import alignment_mode
