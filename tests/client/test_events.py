@@ -26,9 +26,9 @@ from duplex_actors.client import (
     to_wire_bytes,
 )
 from duplex_actors.protocol import audio_formats, parsing, session_config
-from duplex_actors.protocol.events import DialectName, InputAudioBufferAppend
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection, refusal_error
+from duplex_actors.protocol.wire_events import DialectName, InputAudioBufferAppend
 from duplex_actors.session import events as ev
 
 SID = "sess_0123456789abcdef01234567"

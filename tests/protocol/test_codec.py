@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.error_codes import CODES, error_type
-from duplex_actors.protocol import events as wire
 from duplex_actors.protocol import parsing
+from duplex_actors.protocol import wire_events as wire
 from duplex_actors.protocol.audio_formats import decode_append, decode_audio_b64, resolve_input_format
 from duplex_actors.protocol.converter import dumps, encode_client_event
 from duplex_actors.protocol.errors import ProtocolError

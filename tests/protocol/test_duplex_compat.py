@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from duplex_actors.protocol import events as wire
+from duplex_actors.protocol import wire_events as wire
 from duplex_actors.protocol.errors import ProtocolError
 from duplex_actors.protocol.parsing import parse_client_text
 from duplex_actors.protocol.realtime import RealtimeProjection

@@ -48,7 +48,7 @@ from ..audio import (
     float_to_pcm16,
 )
 from ..protocol.converter import dumps, encode_client_event
-from ..protocol.events import InputAudioBufferAppend
+from ..protocol.wire_events import InputAudioBufferAppend
 
 Float32Array = npt.NDArray[np.float32]
 AudioInput = bytes | bytearray | memoryview | npt.NDArray[Any]

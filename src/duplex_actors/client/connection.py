@@ -52,7 +52,8 @@ from trio_websocket import (
 from .. import error_codes
 from ..audio import FORMATS, FRAME_MS, canonical_format, check_rate, default_rate
 from ..protocol.converter import dumps, encode_client_event
-from ..protocol.events import (
+from ..protocol.native import split_binary_frame_position
+from ..protocol.wire_events import (
     ClientEvent,
     DialectName,
     InputAudioBufferClear,
@@ -65,7 +66,6 @@ from ..protocol.events import (
     SessionHeartbeat,
     SessionUpdate,
 )
-from ..protocol.native import split_binary_frame_position
 from .audio import (
     AudioInput,
     EncodedAudio,

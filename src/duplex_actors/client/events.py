@@ -23,9 +23,9 @@ from typing import Any, Final
 import attrs
 
 from ..audio import FRAME_MS, SAMPLE_RATE, decode, float_to_pcm16
-from ..protocol import events as wire
+from ..protocol import wire_events as wire
 from ..protocol.converter import CONVERTER
-from ..protocol.events import DialectName
+from ..protocol.wire_events import DialectName
 
 
 @attrs.frozen(kw_only=True)

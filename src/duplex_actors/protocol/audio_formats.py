@@ -15,7 +15,7 @@ import pybase64
 from .. import error_codes as codes
 from ..audio import ALIASES, AudioError, canonical_format, canonical_output_format, check_rate, default_rate
 from .errors import ProtocolError, clip
-from .events import InputAudioBufferAppend
+from .wire_events import InputAudioBufferAppend
 
 DEFAULT_INPUT_FORMAT: Final = "pcm16"
 

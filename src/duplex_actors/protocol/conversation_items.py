@@ -7,8 +7,8 @@ from typing import Final
 from .. import error_codes as codes
 from .converter import json_type
 from .errors import ProtocolError, clip
-from .events import ConversationItemCreate
 from .parsing import MAX_EVENT_ID_CHARS
+from .wire_events import ConversationItemCreate
 
 TEXT_PART_TYPES: Final = frozenset({"input_text", "output_text", "text"})
 MAX_TEXT_ITEM_CHARS: Final = 64 * 1024

@@ -17,8 +17,8 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from . import events as wire
-from .events import (
+from . import wire_events as wire
+from .wire_events import (
     CLIENT_EVENTS,
     NATIVE_CLIENT_EVENTS,
     REALTIME_CLIENT_EVENTS,

@@ -41,7 +41,7 @@ import pybase64
 
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
-from . import events as wire
+from . import wire_events as wire
 from .converter import encode_server_event
 from .errors import ProtocolError, clip
 from .parsing import parse_client_binary

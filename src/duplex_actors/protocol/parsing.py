@@ -17,7 +17,7 @@ import cattrs
 from .. import error_codes as codes
 from .converter import CLIENT_TYPES, CLIENT_UNIONS, CONVERTER, dumps, json_type
 from .errors import ProtocolError, clip
-from .events import ClientEvent, DialectName, InputAudioBufferAppend, PlaybackAck, SessionEventAck
+from .wire_events import ClientEvent, DialectName, InputAudioBufferAppend, PlaybackAck, SessionEventAck
 
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 MAX_EVENT_ID_CHARS: Final = 512

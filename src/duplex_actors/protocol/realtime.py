@@ -60,7 +60,7 @@ from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..error_codes import error_type
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
-from . import events as wire
+from . import wire_events as wire
 from .converter import encode_server_event, server_event_encoder
 from .errors import ProtocolError, clip
 from .session_config import SERVER_OWNED_SESSION_KEYS

@@ -26,7 +26,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from ..log import records
-from . import events as wire
+from . import wire_events as wire
 
 DRAFT: Final = "https://json-schema.org/draft/2020-12/schema"
 README: Final = "README.md"
@@ -149,7 +149,7 @@ def _readme(paths: Iterable[str]) -> str:
     lines = [
         "# JSON Schemas (generated; do not edit)",
         "",
-        "Generated from the attrs classes in `duplex_actors.protocol.events` (wire events) and",
+        "Generated from the attrs classes in `duplex_actors.protocol.wire_events` and",
         "`duplex_actors.log.records` (session log records). After changing a class, run",
         "",
         "    .venv/bin/python -m duplex_actors.protocol.schemas write schemas/",

@@ -17,7 +17,7 @@ import trio
 from .. import close_reasons as reasons
 from .. import error_codes
 from ..protocol import audio_formats, conversation_items, parsing, session_config
-from ..protocol import events as pe
+from ..protocol import wire_events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
 from ..session import events as ev
