@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from . import __version__
+from . import __version__, error_codes
 from . import close_reasons as reasons
 from .admission import LogUnavailable, ResourceExhausted
 from .audio import SAMPLE_RATE, encode_f32
@@ -172,7 +172,9 @@ class SessionHandle:
         if config or refusal is None:
             await self._send(r.Update(dict(config), client_event_id), applied=True)
         if refusal is not None:
-            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
+            await self.reject(
+                "session.update", error_codes.INVALID_DUPLEX_RUNTIME_CONFIG, refusal, client_event_id
+            )
 
     async def cancel(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
         """End the active response; ``reset``: the model's context too (a new epoch)."""
@@ -206,7 +208,10 @@ class SessionHandle:
                 self.core.policy.check_context(prompt)
             except InvalidRuntimeConfig as exc:
                 await self.reject(
-                    "conversation.item.create", "invalid_duplex_runtime_config", str(exc), client_event_id
+                    "conversation.item.create",
+                    error_codes.INVALID_DUPLEX_RUNTIME_CONFIG,
+                    str(exc),
+                    client_event_id,
                 )
                 return
         await self._send(r.TextItem(role, text, item_id, client_event_id), applied=True)
@@ -519,7 +524,9 @@ class DuplexServer(Generic[SchedulerT]):
         actor.send_nowait(r.Open(config, client_event_id))
         if refusal is not None:
             opening = "session.create" if dialect == "native" else "session.update"
-            actor.send_nowait(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
+            actor.send_nowait(
+                r.Rejected(opening, error_codes.INVALID_DUPLEX_RUNTIME_CONFIG, refusal, client_event_id)
+            )
         self._nursery.start_soon(self._run_session, actor)
         return SessionHandle(actor, receive)
 

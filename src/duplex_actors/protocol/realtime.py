@@ -56,6 +56,7 @@ import attrs
 import pybase64
 
 from .. import close_reasons as reasons
+from .. import error_codes
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
 from ..error_codes import error_type
 from ..session import events as ev
@@ -315,7 +316,7 @@ class RealtimeProjection:
                 )
             case ev.Error():
                 message = event.message
-                if not self.duplex and event.code == "response_cancel_not_active":
+                if not self.duplex and event.code == error_codes.RESPONSE_CANCEL_NOT_ACTIVE:
                     message = STOCK_CANCEL_NOT_ACTIVE
                 out.append(self.error_event(event.code, message, event.client_event_id, event.param))
             case ev.SessionClosed():

@@ -161,7 +161,7 @@ class SessionActor:
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
         code = code_of(exc, error_codes.INTERNAL_ERROR)
-        if code in ("checkpoint_error", error_codes.INTERNAL_ERROR):
+        if code in (error_codes.CHECKPOINT_ERROR, error_codes.INTERNAL_ERROR):
             code, message = error_codes.INTERNAL_ERROR, "the model could not start this session's context"
         else:
             message = str(exc)

@@ -200,9 +200,9 @@ _PERSONA_LOCKED: Final = "the persona cannot change after the first audio frame 
 def _locked_refusal(locked: bool, prompt: Any, current: Any) -> _Refusal | None:
     """The refusal of ``prompt`` once voice and persona are locked (else None)."""
     if locked and prompt.voice != current.voice:
-        return _Refusal("voice_update_unsupported", _VOICE_LOCKED)
+        return _Refusal(error_codes.VOICE_UPDATE_UNSUPPORTED, _VOICE_LOCKED)
     if locked and prompt.persona != current.persona:
-        return _Refusal("persona_update_unsupported", _PERSONA_LOCKED)
+        return _Refusal(error_codes.PERSONA_UPDATE_UNSUPPORTED, _PERSONA_LOCKED)
     return None
 
 
@@ -414,7 +414,10 @@ class SessionCore:
             case r.Cancel():
                 if self._response is None:
                     self._error(
-                        out, "response_cancel_not_active", "no response is active", record.client_event_id
+                        out,
+                        error_codes.RESPONSE_CANCEL_NOT_ACTIVE,
+                        "no response is active",
+                        record.client_event_id,
                     )
                 elif record.reset:
                     self._new_epoch(out, "client_cancelled", audio_cleared=False)
@@ -516,7 +519,7 @@ class SessionCore:
         sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
         extra = config.get("extra_body")
         if extra is not None and not isinstance(extra, Mapping):
-            raise ConfigRefused("invalid_duplex_runtime_config", "extra_body must be an object")
+            raise ConfigRefused(error_codes.INVALID_DUPLEX_RUNTIME_CONFIG, "extra_body must be an object")
         texts = self._system_texts if texts is None else texts
         persona = config.get("instructions")
         if texts and (persona is None or isinstance(persona, str)):
@@ -568,11 +571,13 @@ class SessionCore:
                 continue
             if prompt is not None and self.locked:
                 if candidate.voice != prompt.voice:
-                    refused.append(_Refusal("voice_update_unsupported", f"{key}: {_VOICE_LOCKED}"))
+                    refused.append(_Refusal(error_codes.VOICE_UPDATE_UNSUPPORTED, f"{key}: {_VOICE_LOCKED}"))
                     refused_keys.add(key)
                     continue
                 if candidate.persona != prompt.persona:
-                    refused.append(_Refusal("persona_update_unsupported", f"{key}: {_PERSONA_LOCKED}"))
+                    refused.append(
+                        _Refusal(error_codes.PERSONA_UPDATE_UNSUPPORTED, f"{key}: {_PERSONA_LOCKED}")
+                    )
                     refused_keys.add(key)
                     continue
             checked[key] = value
@@ -927,7 +932,7 @@ class SessionCore:
         if found is None:
             self._error(
                 out,
-                "item_retrieve_invalid_item_id",
+                error_codes.ITEM_RETRIEVE_INVALID_ITEM_ID,
                 f"no item {record.item_id!r} in this conversation (the server keeps its latest "
                 f"{MAX_ITEMS_KEPT})",
                 record.client_event_id,
