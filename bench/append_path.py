@@ -377,7 +377,7 @@ def _components_of(label: str, samples: int, n: int) -> dict[str, float]:
 
     from duplex_actors.log import records as r
     from duplex_actors.log.segment import encode_record
-    from duplex_actors.protocol import codec
+    from duplex_actors.protocol import audio_formats, parsing
     from duplex_actors.session.core import SessionCore
     from duplex_actors.web.connection import capabilities
     from duplex_actors.web.dialects import RealtimeDialect
@@ -386,14 +386,14 @@ def _components_of(label: str, samples: int, n: int) -> dict[str, float]:
     dialect = RealtimeDialect(model="m", capabilities=capabilities(2), beta=False)
     config = {"voice": "v", "instructions": "p"}
     text = append_text(samples)
-    event: Any = codec.parse_client_text(text, dialect="realtime")
+    event: Any = parsing.parse_client_text(text, dialect="realtime")
     assert type(event).__name__ == "InputAudioBufferAppend"
     out[f"{label}: json.loads (plain)"] = per_call_us(lambda: json.loads(text), n)
-    out[f"{label}: codec.parse_client_text"] = per_call_us(
-        lambda: codec.parse_client_text(text, dialect="realtime"), n
+    out[f"{label}: parsing.parse_client_text"] = per_call_us(
+        lambda: parsing.parse_client_text(text, dialect="realtime"), n
     )
-    out[f"{label}: codec.decode_append (format + base64)"] = per_call_us(
-        lambda: codec.decode_append(event, config), n
+    out[f"{label}: audio_formats.decode_append (format + base64)"] = per_call_us(
+        lambda: audio_formats.decode_append(event, config), n
     )
     out[f"{label}: dialect.parse (all of the above)"] = per_call_us(lambda: dialect.parse(text, config), n)
     record = r.Append(b"\x10\x00" * samples)

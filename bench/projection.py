@@ -2,7 +2,7 @@
 
 Each measurement projects ``--frames`` AudioFrames (3840-byte PCM16, text on every fourth) of one
 response with a fresh projection and turns every message into wire bytes as the server does
-(``codec.dumps(...).encode()``; native binary frames are bytes already). It reports µs per audio
+(``converter.dumps(...).encode()``; native binary frames are bytes already). It reports µs per audio
 delta (one 80 ms frame per delta), the minimum over ``--reps`` runs in one process.
 
     .venv/bin/python bench/projection.py                               # this tree
@@ -50,7 +50,7 @@ def machine_line() -> str:
 
 def measure(frames: int, reps: int) -> dict[str, float]:
     """µs per audio delta for each variant (min over ``reps``), with the tree on ``sys.path``."""
-    from duplex_actors.protocol.codec import dumps
+    from duplex_actors.protocol.converter import dumps
     from duplex_actors.protocol.native import NativeProjection
     from duplex_actors.protocol.realtime import RealtimeProjection
     from duplex_actors.session import events as ev

@@ -423,7 +423,7 @@ def _load_child(argv: list[str]) -> int:
     rest = argv[5:] if argv[4] == "--" else argv[4:]
     import trio
 
-    from duplex_actors.client import load
+    from duplex_actors.client import load, load_report
     from duplex_actors.client.connection import DuplexClient
 
     original_stream = DuplexClient.stream
@@ -442,7 +442,7 @@ def _load_child(argv: list[str]) -> int:
         kwargs["start"] = max(now_trio, now_trio + (go - now_mono))
         return await original_stream(self, audio, **kwargs)
 
-    original_plot = load._plot
+    original_plot = load_report.draw_trial
 
     def plot(path: Path, trial: Any, title: str) -> str | None:
         (barrier / f"done_{index}").touch()
@@ -452,7 +452,7 @@ def _load_child(argv: list[str]) -> int:
         return original_plot(path, trial, title)
 
     DuplexClient.stream = stream  # type: ignore[method-assign]
-    load._plot = plot
+    load_report.draw_trial = plot
     return load.main(rest)
 
 

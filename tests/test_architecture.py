@@ -86,7 +86,7 @@ def test_every_subpackage_module_is_covered() -> None:
     covered = {m for modules, _ in RULES for m in modules}
     for subpackage in ("protocol", "model", "client"):
         assert set(modules_of(subpackage)) <= covered
-    assert "duplex_actors.protocol.codec" in covered and "duplex_actors.model.tiny" in covered
+    assert "duplex_actors.protocol.parsing" in covered and "duplex_actors.model.tiny" in covered
 
 
 def test_the_import_contracts_hold() -> None:

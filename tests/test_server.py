@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from duplex_actors.admission import LogUnavailable, ResourceExhausted
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
 from duplex_actors.model.checkpoint import checkpoint_from_dir
@@ -21,7 +22,7 @@ from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine
 from duplex_actors.replay.replayer import replay_logic, replay_model
 from duplex_actors.scheduler.clock import Executor
-from duplex_actors.server import LogUnavailable, ResourceExhausted, open_duplex_server
+from duplex_actors.server import open_duplex_server
 from duplex_actors.session import events as ev
 
 from .model.helpers import session_audio

@@ -12,13 +12,14 @@ import pytest
 import trio
 import trio.testing
 
+from duplex_actors.admission import LogUnavailable
 from duplex_actors.log import records as r
 from duplex_actors.log import writer as writer_module
 from duplex_actors.log.segment import read_log
 from duplex_actors.model.checkpoint import checkpoint_from_dir
 from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine
-from duplex_actors.server import LogUnavailable, open_duplex_server
+from duplex_actors.server import open_duplex_server
 from duplex_actors.session import events as ev
 
 

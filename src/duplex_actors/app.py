@@ -58,6 +58,8 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
+from . import error_codes
+from .admission import LogUnavailable, ResourceExhausted, SchedulerFailed
 from .audio import SAMPLE_RATE
 from .config import ConfigError, ServerConfig
 from .core.link import (
@@ -75,8 +77,7 @@ from .model.startup import FAILED, PhaseReport, StartupState
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
-from .scheduler.actor import SchedulerFailed
-from .server import DuplexServer, LogUnavailable, ResourceExhausted, SlotReservation, open_linked_server
+from .server import DuplexServer, SlotReservation, open_linked_server
 from .web import auth
 from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
 from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
@@ -599,7 +600,7 @@ WEBSOCKET_ROUTES = {"/v1/realtime": "realtime", "/v1/duplex": "native", API_CHAT
 
 def _refuse_http(holder: ModelHolder, code: str, message: str, *, retry: bool = True) -> HttpReply:
     holder.counters.refused[code] += 1
-    kind = "rate_limit_error" if code == "resource_exhausted" else "server_error"
+    kind = "rate_limit_error" if code == error_codes.RESOURCE_EXHAUSTED else "server_error"
     body = {"error": {"type": kind, "code": code, "message": message}}
     if retry:
         return HttpReply(503, body, {"Retry-After": str(RETRY_AFTER_S)})
@@ -717,7 +718,7 @@ async def _run_connection(
         holder.counters.connection_errors["handler"] += 1
         with trio.CancelScope(shield=True):
             try:
-                await conn.refuse("internal_error", "the server failed on this connection", 1011)
+                await conn.refuse(error_codes.INTERNAL_ERROR, "the server failed on this connection", 1011)
             except Exception:
                 pass
     finally:
@@ -743,7 +744,9 @@ async def _open_and_run(
     if dialect.name == "realtime":
         wanted = ws.args.get("model")
         if wanted and wanted != model:
-            await conn.refuse("model_not_found", f"this server serves {model!r}, not {wanted!r}", 1008)
+            await conn.refuse(
+                error_codes.MODEL_NOT_FOUND, f"this server serves {model!r}, not {wanted!r}", 1008
+            )
             return
     try:
         opening = await read_opening(dialect, ws.receive)

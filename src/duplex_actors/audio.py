@@ -21,7 +21,8 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from .errors import CodedError
+from . import error_codes
+from .error_codes import CodedError
 
 SAMPLE_RATE: Final = 24_000
 FRAME_MS: Final = 80
@@ -67,7 +68,8 @@ def canonical_format(name: str) -> str:
         return ALIASES[name]
     except KeyError:
         raise AudioError(
-            "unsupported_audio_format", f"unsupported audio format {name!r}; supported: {SUPPORTED_INPUT}"
+            error_codes.UNSUPPORTED_AUDIO_FORMAT,
+            f"unsupported audio format {name!r}; supported: {SUPPORTED_INPUT}",
         ) from None
 
 
@@ -81,7 +83,7 @@ def check_rate(fmt: str, rate: int) -> int:
     ok = rate == G711_RATE if fmt.startswith("g711") else rate in INPUT_RATES
     if not ok:
         raise AudioError(
-            "unsupported_audio_format",
+            error_codes.UNSUPPORTED_AUDIO_FORMAT,
             f"unsupported sample rate {rate} Hz for {fmt}; supported: {SUPPORTED_INPUT}",
         )
     return rate
@@ -91,7 +93,8 @@ def canonical_output_format(name: str) -> str:
     fmt = ALIASES.get(name)
     if fmt not in OUTPUT_FORMATS:
         raise AudioError(
-            "unsupported_audio_format", f"unsupported output format {name!r}; supported: {SUPPORTED_OUTPUT}"
+            error_codes.UNSUPPORTED_AUDIO_FORMAT,
+            f"unsupported output format {name!r}; supported: {SUPPORTED_OUTPUT}",
         )
     return fmt
 
@@ -138,7 +141,7 @@ def decode(data: bytes, fmt: str) -> npt.NDArray[np.float32]:
     fmt = canonical_format(fmt)
     width = FORMATS[fmt]
     if len(data) % width:
-        raise AudioError("bad_audio", f"{len(data)} bytes is not a whole number of {fmt} samples")
+        raise AudioError(error_codes.BAD_AUDIO, f"{len(data)} bytes is not a whole number of {fmt} samples")
     if fmt == "pcm16":
         samples: npt.NDArray[np.float32] = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
         return samples
@@ -148,7 +151,7 @@ def decode(data: bytes, fmt: str) -> npt.NDArray[np.float32]:
         return samples
     samples = np.frombuffer(data, dtype="<f4").astype(np.float32)
     if not np.isfinite(samples).all():
-        raise AudioError("bad_audio", "pcm_f32le audio contains NaN or infinite samples")
+        raise AudioError(error_codes.BAD_AUDIO, "pcm_f32le audio contains NaN or infinite samples")
     return samples
 
 

@@ -33,16 +33,18 @@ import attrs
 import numpy as np
 import trio
 
+from . import error_codes
+from .admission import ResourceExhausted, SchedulerFailed
 from .audio import FRAME_SAMPLES, float_to_pcm16_array
 from .config import ServerConfig
 from .core import wire
 from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
-from .errors import code_of
+from .error_codes import code_of
 from .model.engine import DEFAULT_CONTEXT_POLICY, ModelEngine
 from .model.startup import FAILED, PhaseReport, PhaseSink, Startup, StartupState, import_engine
 from .procname import set_process_name
-from .scheduler.actor import ResourceExhausted, Scheduler, SchedulerFailed, StepResult
+from .scheduler.actor import Scheduler, StepResult
 from .scheduler.policy import make_policy
 
 log = logging.getLogger("duplex_actors.engine_core")
@@ -133,7 +135,7 @@ class _Proxy:
         self.link.result(self.slot, result)
 
     def reset_failed(self, exc: BaseException) -> None:
-        self.link.queue((wire.RESET_FAILED, self.slot, code_of(exc, "internal_error"), str(exc)))
+        self.link.queue((wire.RESET_FAILED, self.slot, code_of(exc, error_codes.INTERNAL_ERROR), str(exc)))
 
     def step_failed(self, exc: BaseException) -> None:
         self.link.queue((wire.STEP_FAILED, self.slot, f"{type(exc).__name__}: {exc}"))

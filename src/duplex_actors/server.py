@@ -31,11 +31,12 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from . import __version__
+from . import __version__, error_codes
+from . import close_reasons as reasons
+from .admission import LogUnavailable, ResourceExhausted
 from .audio import SAMPLE_RATE, encode_f32
 from .config import DEFAULT_TICK_POLICY
 from .counters import Counters
-from .errors import CodedError
 from .log import records as r
 from .log.retention import prune
 from .log.writer import LogWriter, open_log_writer
@@ -43,7 +44,7 @@ from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
 from .model.voices import AliasedVoices
 from .opus.pool import OpusPool, open_opus_pool
-from .scheduler.actor import ResourceExhausted, Scheduler
+from .scheduler.actor import Scheduler
 from .scheduler.clock import REAL_TIME, VIRTUAL_TIME, Executor, io_executor
 from .scheduler.policy import make_policy
 from .session import events as ev
@@ -56,17 +57,11 @@ from .session.core import PROMPT_ROLES, PromptPolicy, SessionCore, SessionLimits
 
 __all__ = [
     "DuplexServer",
-    "LogUnavailable",
-    "ResourceExhausted",
     "SessionHandle",
     "SlotReservation",
     "open_duplex_server",
     "open_linked_server",
 ]
-
-
-class LogUnavailable(CodedError):
-    code = "log_unavailable"
 
 
 def new_session_id() -> str:
@@ -177,7 +172,9 @@ class SessionHandle:
         if config or refusal is None:
             await self._send(r.Update(dict(config), client_event_id), applied=True)
         if refusal is not None:
-            await self.reject("session.update", "invalid_duplex_runtime_config", refusal, client_event_id)
+            await self.reject(
+                "session.update", error_codes.INVALID_DUPLEX_RUNTIME_CONFIG, refusal, client_event_id
+            )
 
     async def cancel(self, *, client_event_id: str | None = None, reset: bool = True) -> None:
         """End the active response; ``reset``: the model's context too (a new epoch)."""
@@ -211,7 +208,10 @@ class SessionHandle:
                 self.core.policy.check_context(prompt)
             except InvalidRuntimeConfig as exc:
                 await self.reject(
-                    "conversation.item.create", "invalid_duplex_runtime_config", str(exc), client_event_id
+                    "conversation.item.create",
+                    error_codes.INVALID_DUPLEX_RUNTIME_CONFIG,
+                    str(exc),
+                    client_event_id,
                 )
                 return
         await self._send(r.TextItem(role, text, item_id, client_event_id), applied=True)
@@ -230,7 +230,7 @@ class SessionHandle:
         """Record an inbound event that failed validation; the client gets the error event."""
         await self._send(r.Rejected(event_type, code, message, client_event_id))
 
-    async def close(self, reason: str = "client_close") -> None:
+    async def close(self, reason: str = reasons.CLIENT_CLOSE) -> None:
         """Ask the session to close and wait until its log is finished and its slot freed."""
         if not self.closed:
             try:
@@ -241,7 +241,7 @@ class SessionHandle:
 
     async def disconnect(self) -> None:
         """The client went away without closing (its socket dropped)."""
-        await self.close("disconnect")
+        await self.close(reasons.DISCONNECT)
 
     def events(self) -> trio.MemoryReceiveChannel[ev.SessionEvent]:
         """The session's events, ending after ``SessionClosed``."""
@@ -524,7 +524,9 @@ class DuplexServer(Generic[SchedulerT]):
         actor.send_nowait(r.Open(config, client_event_id))
         if refusal is not None:
             opening = "session.create" if dialect == "native" else "session.update"
-            actor.send_nowait(r.Rejected(opening, "invalid_duplex_runtime_config", refusal, client_event_id))
+            actor.send_nowait(
+                r.Rejected(opening, error_codes.INVALID_DUPLEX_RUNTIME_CONFIG, refusal, client_event_id)
+            )
         self._nursery.start_soon(self._run_session, actor)
         return SessionHandle(actor, receive)
 
@@ -552,7 +554,7 @@ class DuplexServer(Generic[SchedulerT]):
         while self.sessions:
             await self._session_ended.wait()
 
-    async def aclose(self, reason: str = "server_shutdown") -> None:
+    async def aclose(self, reason: str = reasons.SERVER_SHUTDOWN) -> None:
         """Stop admitting, close every session with ``reason``, wait for their logs."""
         self.accepting = False
         actors = list(self.sessions.values())

@@ -16,7 +16,7 @@ import trio.testing
 from duplex_actors.client.audio import encode_audio, speech_like
 from duplex_actors.client.connection import DuplexClient, with_alignment
 from duplex_actors.client.events import AlignmentHint, AudioDelta, OtherEvent, parse_server_event
-from duplex_actors.client.load import JITTER_PROFILES, Jitter, jitter_delays
+from duplex_actors.client.jitter import JITTER_PROFILES, Jitter, jitter_delays
 from duplex_actors.client.phases import start_offsets
 from duplex_actors.client.server_metrics import server_figures
 from duplex_actors.client.stats import (

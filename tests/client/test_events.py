@@ -25,10 +25,10 @@ from duplex_actors.client import (
     parse_server_event,
     to_wire_bytes,
 )
-from duplex_actors.protocol import codec
-from duplex_actors.protocol.events import Dialect, InputAudioBufferAppend
+from duplex_actors.protocol import audio_formats, parsing, session_config
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection, refusal_error
+from duplex_actors.protocol.wire_events import DialectName, InputAudioBufferAppend
 from duplex_actors.session import events as ev
 
 SID = "sess_0123456789abcdef01234567"
@@ -58,7 +58,7 @@ def _project(dialect: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("dialect", ["ga", "beta", "native"])
 def test_parses_every_projection(dialect: str) -> None:
-    wire: Dialect = "native" if dialect == "native" else "realtime"
+    wire: DialectName = "native" if dialect == "native" else "realtime"
     events = [parse_server_event(m, dialect=wire, seq=i + 1) for i, m in enumerate(_project(dialect))]
     by_class: dict[type, list[Any]] = {}
     for e in events:
@@ -140,7 +140,7 @@ def test_refusals_and_closing_parse() -> None:
     ],
 )
 def test_malformed_shapes_never_raise_and_read_as_untyped(
-    obj: dict[str, Any], dialect: Dialect, expected: Any
+    obj: dict[str, Any], dialect: DialectName, expected: Any
 ) -> None:
     """A message that is not a valid event of its class, or of an unknown or missing type, reads
     as OtherEvent without a wire event (a malformed error still as an Error); the raw object is
@@ -154,33 +154,33 @@ def test_malformed_shapes_never_raise_and_read_as_untyped(
 
 def test_client_messages_parse_on_the_server() -> None:
     data = to_wire_bytes(np.linspace(-1, 1, 100, dtype=np.float32))
-    event = codec.parse_client_text(append_message(data), dialect="realtime")
+    event = parsing.parse_client_text(append_message(data), dialect="realtime")
     assert isinstance(event, InputAudioBufferAppend)
-    assert codec.decode_audio_b64(event.audio) == data
+    assert audio_formats.decode_audio_b64(event.audio) == data
     enc = encode_audio(np.zeros(1920 * 2 + 5, np.float32), "pcm_f32le")
     assert enc.frames == 3 and enc.total_samples == 1920 * 2 + 5
     for message in enc.messages:
-        codec.parse_client_text(message, dialect="native")
+        parsing.parse_client_text(message, dialect="native")
     config = create_duplex_session_config(voice="NATM1.pt", persona="Be brief.", input_format="audio/pcm")
-    assert codec.normalize_session_config(config) == {
+    assert session_config.normalize_session_config(config) == {
         "input_audio_format": "pcm16",
         "sample_rate_hz": 24000,
         "voice": "NATM1.pt",
         "instructions": "Be brief.",
     }
-    # the formats the server reads for each append (codec.resolve_input_format)
+    # the formats the server reads for each append (audio_formats.resolve_input_format)
     for spec, output, fmt, rate, out in (
         ("pcm16@48000", None, "pcm16", 48000, None),
         ("pcmu", "pcmu", "g711_ulaw", 8000, "g711_ulaw"),
         ("pcm_f32le@16000", "pcma", "pcm_f32le", 16000, "g711_alaw"),
     ):
-        config = codec.normalize_session_config(
+        config = session_config.normalize_session_config(
             create_duplex_session_config(input_format=spec, output_format=output)
         )
         assert config.get("output_audio_format") == out
-        append = codec.parse_client_text(append_message(b"\x00\x00\x00\x00"), dialect="realtime")
+        append = parsing.parse_client_text(append_message(b"\x00\x00\x00\x00"), dialect="realtime")
         assert isinstance(append, InputAudioBufferAppend)
-        assert codec.resolve_input_format(append, config) == (fmt, rate)
+        assert audio_formats.resolve_input_format(append, config) == (fmt, rate)
 
 
 def test_to_wire_bytes_formats() -> None:

@@ -46,7 +46,7 @@ from duplex_actors.client.lean_wire import (
     text_audio_delta,
     tone_pcm16,
 )
-from duplex_actors.protocol.codec import dumps
+from duplex_actors.protocol.converter import dumps
 from duplex_actors.protocol.native import NativeProjection, binary_frame
 from duplex_actors.protocol.realtime import RealtimeProjection
 from duplex_actors.session import events as ev

@@ -1,5 +1,5 @@
 """One representation per server event: what the projections send parses back, on the client, into
-the very ``protocol.events`` instance it was built from, in every dialect."""
+the very ``protocol.wire_events`` instance it was built from, in every dialect."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from duplex_actors.client import Error, OtherEvent, parse_server_event
-from duplex_actors.protocol import events as wire
-from duplex_actors.protocol.codec import encode_server_event
+from duplex_actors.protocol import wire_events as wire
+from duplex_actors.protocol.converter import encode_server_event
 from duplex_actors.protocol.native import NativeProjection
 from duplex_actors.protocol.realtime import RealtimeProjection
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import sphn
 
-from duplex_actors.errors import CodedError
+from duplex_actors.error_codes import BAD_AUDIO, CodedError
 from duplex_actors.opus.codec import FRAME_SAMPLES, OggOpusDecoder, OggOpusEncoder, OpusUndecodable
 from duplex_actors.opus.ogg import BOS, EOS, OggPageReader, encode_page, opus_head, opus_tags
-from duplex_actors.protocol.errors import BAD_AUDIO
 
 from .libopus import needs_libopus, ogg_stream, opus_packets
 

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from duplex_actors.admission import ResourceExhausted
 from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
 from duplex_actors.model.checkpoint import checkpoint_from_dir
@@ -38,7 +39,7 @@ from duplex_actors.model.loading import load_checkpoint
 from duplex_actors.model.moshi_engine import MoshiEngine
 from duplex_actors.model.tiny import ensure_builtin
 from duplex_actors.replay.replayer import replay_logic, replay_model
-from duplex_actors.server import ResourceExhausted, open_duplex_server
+from duplex_actors.server import open_duplex_server
 from duplex_actors.session import events as ev
 
 SLOTS = 3

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from duplex_actors.protocol import codec
+from duplex_actors.protocol import audio_formats, parsing
 from duplex_actors.protocol.errors import ProtocolError
 from duplex_actors.protocol.native import (
     NativeProjection,
@@ -28,8 +28,8 @@ CLIENT = {"voice": "NATF2.pt", "duplex": {"alignment": "client"}}
 
 def parse_append(extra: dict[str, Any], dialect: str = "realtime") -> int:
     message = {"type": "input_audio_buffer.append", "audio": "AAAA", **extra}
-    event = codec.parse_client_text(json.dumps(message), dialect=dialect)  # type: ignore[arg-type]
-    return codec.append_pad_ms(event)  # type: ignore[arg-type]
+    event = parsing.parse_client_text(json.dumps(message), dialect=dialect)  # type: ignore[arg-type]
+    return audio_formats.append_pad_ms(event)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("dialect", ["realtime", "native"])

@@ -11,18 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duplex_actors.protocol import codec
-from duplex_actors.protocol import events as wire
-from duplex_actors.protocol.codec import (
-    decode_append,
-    decode_audio_b64,
-    encode_client_event,
-    normalize_session_config,
-    parse_client_binary,
-    parse_client_text,
-    resolve_input_format,
-)
-from duplex_actors.protocol.errors import CODES, ProtocolError, error_type
+from duplex_actors.error_codes import CODES, error_type
+from duplex_actors.protocol import parsing
+from duplex_actors.protocol import wire_events as wire
+from duplex_actors.protocol.audio_formats import decode_append, decode_audio_b64, resolve_input_format
+from duplex_actors.protocol.converter import dumps, encode_client_event
+from duplex_actors.protocol.errors import ProtocolError
+from duplex_actors.protocol.parsing import parse_client_binary, parse_client_text
+from duplex_actors.protocol.session_config import normalize_session_config
 
 DIALECTS = ("realtime", "native")
 
@@ -492,9 +488,9 @@ client_events = st.one_of(
 def test_client_events_round_trip_through_the_converter(event: wire.ClientEvent) -> None:
     obj = encode_client_event(event)
     assert obj["type"] == type(event).TYPE
-    assert parse_client_text(codec.dumps(obj), dialect="native") == event
+    assert parse_client_text(dumps(obj), dialect="native") == event
     if not isinstance(event, wire.SessionCreate):
-        assert parse_client_text(codec.dumps(obj), dialect="realtime") == event
+        assert parse_client_text(dumps(obj), dialect="realtime") == event
 
 
 _APPEND_VALUES = st.one_of(
@@ -523,18 +519,18 @@ def test_the_append_fast_path_answers_exactly_as_the_converter(fields: dict[str,
         except ProtocolError as err:
             return (err.code, err.message, err.param, err.client_event_id)
 
-    fast = outcome(lambda: codec.parse_client_text(text, dialect=dialect))  # type: ignore[arg-type]
-    slow = outcome(lambda: codec.parse_client_object(json.loads(text), dialect=dialect))  # type: ignore[arg-type]
+    fast = outcome(lambda: parsing.parse_client_text(text, dialect=dialect))  # type: ignore[arg-type]
+    slow = outcome(lambda: parsing.parse_client_object(json.loads(text), dialect=dialect))  # type: ignore[arg-type]
     assert fast == slow
 
 
 def test_the_append_fast_path_leaves_non_finite_numbers_and_long_ids_to_the_general_checks() -> None:
     with pytest.raises(ProtocolError) as err:
-        codec.parse_client_text(
+        parsing.parse_client_text(
             '{"type":"input_audio_buffer.append","audio":"AAA=","n":1e400}', dialect="realtime"
         )
     assert err.value.code == "bad_event"
     long_id = json.dumps({"type": "input_audio_buffer.append", "audio": "AAA=", "event_id": "e" * 513})
     with pytest.raises(ProtocolError) as err:
-        codec.parse_client_text(long_id, dialect="realtime")
+        parsing.parse_client_text(long_id, dialect="realtime")
     assert err.value.code == "bad_event" and err.value.param == "event_id"

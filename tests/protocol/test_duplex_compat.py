@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from duplex_actors.protocol import events as wire
-from duplex_actors.protocol.codec import parse_client_text
+from duplex_actors.protocol import wire_events as wire
 from duplex_actors.protocol.errors import ProtocolError
+from duplex_actors.protocol.parsing import parse_client_text
 from duplex_actors.protocol.realtime import RealtimeProjection
 from duplex_actors.protocol.schemas import validate_client_event, validate_server_event
 

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from duplex_actors.protocol import encode_client_event, schemas
-from duplex_actors.protocol import events as wire
+from duplex_actors.protocol import wire_events as wire
 from duplex_actors.protocol.schemas import main, validate_client_event, validate_server_event
 
 ROOT = Path(__file__).resolve().parents[2]

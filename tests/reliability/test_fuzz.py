@@ -7,7 +7,7 @@ events (``schemas/realtime/client/*.json``, ``schemas/native/client/*.json``) pl
   the message's ``event_id`` when it had a usable one), never more; the session stays usable
   (audio in, audio out, after every batch); the server never crashes and counts no connection
   error. Every server message is validated against the server schemas (``helpers.Client``).
-- Sans-io: thousands of examples through ``codec.parse_client_text`` (only ``ProtocolError`` may
+- Sans-io: thousands of examples through ``parsing.parse_client_text`` (only ``ProtocolError`` may
   come out) and through each dialect's ``parse`` (the commands the connection would run).
 """
 
@@ -27,7 +27,7 @@ import trio
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from duplex_actors.protocol import codec
+from duplex_actors.protocol import parsing
 from duplex_actors.protocol.errors import ProtocolError
 from duplex_actors.web.dialects import NativeDialect, RealtimeDialect
 
@@ -421,7 +421,7 @@ def parse_one(dialect: str, data: str | bytes, stats: Counter[str]) -> None:
     stats["examples"] += 1
     if isinstance(data, str):
         try:
-            codec.parse_client_text(data, dialect=dialect)  # type: ignore[arg-type]
+            parsing.parse_client_text(data, dialect=dialect)  # type: ignore[arg-type]
             stats["parsed"] += 1
         except ProtocolError as err:
             stats[f"refused:{err.code}"] += 1

@@ -4,7 +4,7 @@ onto Realtime GA, Realtime beta and native (JSON and binary audio), hash to the 
 The corpus digests (``replay/expected.json``) cover the dialect-neutral events; these cover what
 the projections make of them, so a change of field order, of an omitted or ``null`` field, or of a
 GA/beta name fails here. The digests were recorded with the hand-built dicts the projections had
-before they built the ``protocol.events`` classes; change them only for an intended wire change.
+before they built the ``protocol.wire_events`` classes; change them only for an intended wire change.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from duplex_actors.admission import ResourceExhausted
 from duplex_actors.app import ModelHolder
 from duplex_actors.config import ServerConfig
 from duplex_actors.log.segment import read_log, read_records
@@ -24,7 +25,7 @@ from duplex_actors.scaleout.agent import agent_status, serve_agent
 from duplex_actors.scaleout.s3 import BadS3Url, S3Location, list_log_keys, parse_s3_url
 from duplex_actors.scaleout.upload import LogUploader
 from duplex_actors.scheduler.slots import SlotTable
-from duplex_actors.server import ResourceExhausted, open_duplex_server
+from duplex_actors.server import open_duplex_server
 
 from .conftest import S3Store
 

@@ -15,10 +15,11 @@ import pytest
 import trio
 import trio.testing
 
+from duplex_actors.admission import ResourceExhausted
 from duplex_actors.audio import FRAME_SAMPLES
 from duplex_actors.model.engine import EngineDescription, SessionPrompt, StepOutput
 from duplex_actors.model.family import MoshiFamily
-from duplex_actors.scheduler.actor import RELEASE_DEFER_S, ResourceExhausted, Scheduler
+from duplex_actors.scheduler.actor import RELEASE_DEFER_S, Scheduler
 from duplex_actors.scheduler.clock import VIRTUAL_TIME, Threads
 
 

@@ -152,8 +152,8 @@ def test_g711_output_is_whole_640_byte_frames_at_8k(fmt: str) -> None:
 def test_realtime_projection_sends_g711_deltas_when_the_session_asks() -> None:
     import base64
 
-    from duplex_actors.protocol.codec import normalize_session_config
     from duplex_actors.protocol.realtime import RealtimeProjection
+    from duplex_actors.protocol.session_config import normalize_session_config
 
     config = normalize_session_config({"audio": {"output": {"format": {"type": "audio/pcmu"}}}})
     assert config["output_audio_format"] == "g711_ulaw"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from duplex_actors.audio import FRAME_SAMPLES, encode_f32
+from duplex_actors.error_codes import CODES
 from duplex_actors.log import records as r
 from duplex_actors.model.family import detect_family
-from duplex_actors.protocol.errors import CODES
 from duplex_actors.session import events as ev
 from duplex_actors.session.core import Emit, SessionCore, State
 

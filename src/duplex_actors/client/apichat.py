@@ -29,6 +29,7 @@ import numpy.typing as npt
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection
 
+from .. import error_codes
 from ..audio import FRAME_S, FRAME_SAMPLES
 from .connection import _connect, _only, _raise, _rejection
 from .errors import ConnectFailed, ResourceExhausted, ServerClosed, SessionRefused
@@ -212,7 +213,9 @@ class ApiChatClient:
         """The exception for a connection that closed before the handshake."""
         message = self.errors[0] if self.errors else (self.close_reason or "")
         if self.close_code == CLOSE_BUSY:
-            return ResourceExhausted("resource_exhausted", message or "server busy", self.close_code)
+            return ResourceExhausted(
+                error_codes.RESOURCE_EXHAUSTED, message or "server busy", self.close_code
+            )
         if self.errors:
             code = CLOSE_CODES.get(self.close_code or 0, "refused")
             return SessionRefused(code, message, self.close_code)

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from .. import error_codes
 from ..audio import (
     FORMATS,
     FRAME_MS,
@@ -47,8 +48,8 @@ from ..audio import (
     encode_g711,
     float_to_pcm16,
 )
-from ..protocol.codec import dumps, encode_client_event
-from ..protocol.events import InputAudioBufferAppend
+from ..protocol.converter import dumps, encode_client_event
+from ..protocol.wire_events import InputAudioBufferAppend
 
 Float32Array = npt.NDArray[np.float32]
 AudioInput = bytes | bytearray | memoryview | npt.NDArray[Any]
@@ -248,7 +249,9 @@ def _split(spec: str) -> tuple[str, int | None]:
     try:
         return name, int(rate)
     except ValueError:
-        raise AudioError("unsupported_audio_format", f"bad sample rate {rate!r} in {spec!r}") from None
+        raise AudioError(
+            error_codes.UNSUPPORTED_AUDIO_FORMAT, f"bad sample rate {rate!r} in {spec!r}"
+        ) from None
 
 
 def parse_input_format(spec: str) -> WireFormat:
@@ -274,7 +277,8 @@ def parse_output_format(spec: str) -> WireFormat:
         fmt, rate = "", None
     if not fmt or (rate is not None and rate != OUTPUT_FORMATS[fmt]):
         raise AudioError(
-            "unsupported_audio_format", f"unsupported output format {spec!r}; supported: {OUTPUT_FORMAT_HELP}"
+            error_codes.UNSUPPORTED_AUDIO_FORMAT,
+            f"unsupported output format {spec!r}; supported: {OUTPUT_FORMAT_HELP}",
         )
     return WireFormat(fmt, OUTPUT_FORMATS[fmt])
 

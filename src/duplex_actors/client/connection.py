@@ -49,11 +49,13 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
+from .. import error_codes
 from ..audio import FORMATS, FRAME_MS, canonical_format, check_rate, default_rate
-from ..protocol.codec import dumps, encode_client_event
-from ..protocol.events import (
+from ..protocol.converter import dumps, encode_client_event
+from ..protocol.native import split_binary_frame_position
+from ..protocol.wire_events import (
     ClientEvent,
-    Dialect,
+    DialectName,
     InputAudioBufferClear,
     NativeOutputAudioDelta,
     OutputAudioBufferClear,
@@ -64,7 +66,6 @@ from ..protocol.events import (
     SessionHeartbeat,
     SessionUpdate,
 )
-from ..protocol.native import split_binary_frame_position
 from .audio import (
     AudioInput,
     EncodedAudio,
@@ -169,7 +170,7 @@ def _wire(event: ClientEvent) -> str:
     return dumps(obj)
 
 
-def _dialect_of(url: str) -> Dialect:
+def _dialect_of(url: str) -> DialectName:
     return "native" if urlsplit(url).path.rstrip("/").endswith("/v1/duplex") else "realtime"
 
 
@@ -233,7 +234,7 @@ class DuplexClient:
         self,
         ws: WebSocketConnection,
         *,
-        dialect: Dialect,
+        dialect: DialectName,
         input_format: str = "pcm16",
         input_rate: int | None = None,
         on_event: Callable[[ServerEvent], None] | None = None,
@@ -242,7 +243,7 @@ class DuplexClient:
     ) -> None:
         self.ws = ws
         self.alignment = alignment
-        self.dialect: Dialect = dialect
+        self.dialect: DialectName = dialect
         self.input_format = canonical_format(input_format)
         self.input_rate = check_rate(
             self.input_format, default_rate(self.input_format) if input_rate is None else input_rate
@@ -658,7 +659,7 @@ class DuplexClient:
                 err = self._open_errors[0]
                 with trio.move_on_after(2):
                     await self._done.wait()  # the close code follows the error
-                cls = ResourceExhausted if err.code == "resource_exhausted" else SessionRefused
+                cls = ResourceExhausted if err.code == error_codes.RESOURCE_EXHAUSTED else SessionRefused
                 raise cls(err.code, err.message, self.close_code)
             raise ServerClosed(self.close_code, self.close_reason) from self.failure
         if self._open_errors:

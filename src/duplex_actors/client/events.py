@@ -23,9 +23,9 @@ from typing import Any, Final
 import attrs
 
 from ..audio import FRAME_MS, SAMPLE_RATE, decode, float_to_pcm16
-from ..protocol import events as wire
-from ..protocol.codec import CONVERTER
-from ..protocol.events import Dialect
+from ..protocol import wire_events as wire
+from ..protocol.converter import CONVERTER
+from ..protocol.wire_events import DialectName
 
 
 @attrs.frozen(kw_only=True)
@@ -277,7 +277,7 @@ def _alignment(obj: dict[str, Any], cls: type[Any] | None, common: dict[str, Any
 
 
 def parse_server_event(
-    obj: dict[str, Any], *, dialect: Dialect = "realtime", received_at: float = 0.0, seq: int = 0
+    obj: dict[str, Any], *, dialect: DialectName = "realtime", received_at: float = 0.0, seq: int = 0
 ) -> ServerEvent:
     """The typed event of one decoded server message. Never raises: a message of an unknown
     ``type``, or one that is not a valid event of its class, is an :class:`OtherEvent` with

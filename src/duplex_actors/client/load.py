@@ -62,7 +62,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -72,529 +71,24 @@ import numpy as np
 import trio
 
 from ..audio import FRAME_S
-from .apichat import is_api_chat_url, open_api_chat_client
-from .audio import (
-    EncodedAudio,
-    Float32Array,
-    WavError,
-    WireFormat,
-    encode_audio,
-    read_wav,
-    resample,
-    speech_like,
-    to_mono,
-)
+from . import load_ramp, load_report
+from .apichat import is_api_chat_url
+from .audio import Float32Array, WavError, WireFormat, encode_audio, read_wav, resample, speech_like, to_mono
 from .cli import FORMATS_EPILOG, input_format_arg, output_format_arg
-from .connection import create_duplex_session_config, open_duplex_client
-from .errors import ConnectFailed, DuplexError, ResourceExhausted, ServerClosed, SessionRefused, Unauthorized
-from .events import AlignmentHint, AudioDelta, Error, ServerEvent
+from .connection import create_duplex_session_config
+from .errors import ConnectFailed, Unauthorized
+from .jitter import JITTER_PROFILES, Jitter
 from .lean import main_lean
+from .load_runner import Audio, run_trial
+from .load_trial import MAX_P99_MS, Options
 from .opus import encode_opus_messages
-from .phases import PHASES, start_offsets
-from .server_metrics import http_base, http_get, metrics_of, server_figures
-from .stats import (
-    Delta,
-    aggregate,
-    frame_latencies_ms,
-    frame_send_times,
-    round_trips_ms,
-    session_stats,
-)
+from .phases import PHASES
 
-MIN_COVERAGE: Final = 0.99
-MAX_P99_MS: Final = 80.0
 EXIT_OK, EXIT_USAGE, EXIT_AUTH, EXIT_REFUSED, EXIT_CONNECT = 0, 2, 3, 4, 5
-
-
-# -- one session -------------------------------------------------------------------------------
-@attrs.define(eq=False)
-class SessionRun:
-    """What one session sent and received; filled by its task, analysed after the run."""
-
-    index: int
-    offset: float
-    session_id: str | None = None
-    open_ms: float | None = None
-    failure: str | None = None
-    send_times: list[float] = attrs.Factory(list)
-    deltas: list[Delta] = attrs.Factory(list)
-    errors: list[str] = attrs.Factory(list)
-    close_reason: str | None = None
-    audible: tuple[int, int] | None = None  # /api/chat decoded sessions: (frames over the floor, frames)
-    sends: list[tuple[float, int]] = attrs.Factory(list)  # (send time, client samples after it)
-    pads: list[tuple[float, int]] = attrs.Factory(list)  # alignment hints applied: (time, pad_ms)
-    hints: list[tuple[float, int, str]] = attrs.Factory(list)  # (arrival, pad_ms, reason)
-    hints_ignored: int = 0
-    last_end: int | None = None  # the latest delta's input_samples_end
-
-    def on_opus(self, received_at: float, first: int, frames: int) -> None:
-        # /api/chat: output frame k answers input frame k (one 80 ms step per 80 ms of input).
-        self.deltas.append(Delta(received_at, 0, first, frames))
-
-    def on_event(self, event: ServerEvent) -> None:
-        # Runs in the client's receive task for every event: keep it to an append.
-        if type(event) is AudioDelta:
-            end = event.input_samples_end
-            self.deltas.append(Delta(event.received_at, event.epoch, event.frame_index, event.frames, end))
-            if end is not None:
-                self.last_end = end
-        elif type(event) is Error:
-            self.errors.append(event.code)
-        elif type(event) is AlignmentHint:
-            self.hints.append((event.received_at, event.pad_ms, event.reason))
-
-
-@attrs.define
-class Trial:
-    n: int
-    runs: list[SessionRun]
-    t0: float
-    wall_s: float
-    client_cpu_pct: float
-    server: dict[str, Any]
-    sessions: list[dict[str, Any]] = attrs.Factory(list)
-    aggregate: dict[str, Any] = attrs.Factory(dict)
-    held: bool = False
-    reasons: list[str] = attrs.Factory(list)
-    attempt: int = 1
-    ready_frames: tuple[int, ...] | None = None  # the audio's (see stats.frame_send_times)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n,
-            "attempt": self.attempt,
-            "held": self.held,
-            "reasons": self.reasons,
-            "aggregate": self.aggregate,
-            "server": self.server,
-            "client_cpu_pct": self.client_cpu_pct,
-            "wall_s": round(self.wall_s, 3),
-            "sessions": self.sessions,
-        }
-
-
-# -- the server's HTTP side --------------------------------------------------------------------
-async def scrape(base: str, api_key: str | None = None) -> dict[str, float | None]:
-    """The server counters ``duplex-load`` reports (:func:`~.server_metrics.metrics_of`)."""
-    return metrics_of(*await trio.to_thread.run_sync(http_get, base + "/metrics", api_key))
-
-
-async def ready(base: str, api_key: str | None = None) -> dict[str, Any]:
-    status, text = await trio.to_thread.run_sync(http_get, base + "/ready", api_key)
-    try:
-        body = json.loads(text) if text else {}
-    except ValueError:
-        body = {}
-    return {"status": status, **(body if isinstance(body, dict) else {})}
-
-
-async def wait_idle(base: str, api_key: str | None = None, timeout: float = 15.0) -> None:
-    """Until every slot is free again (sessions of the last run released), at most ``timeout``."""
-    with trio.move_on_after(timeout):
-        while True:
-            body = await ready(base, api_key)
-            if body.get("status") != 200 or body.get("slots_free") == body.get("slots_total"):
-                return
-            await trio.sleep(0.1)
-
-
-# -- injected jitter (pure, deterministic with a seed) -----------------------------------------
 CHUNK_MS: Final = (10, 20, 40, 80, 100)
 ALIGN: Final = ("client", "server", "off", "none")
 
 
-@attrs.frozen
-class Jitter:
-    """Network jitter the load client injects on the way out: every chunk is held back an
-    exponential delay of mean ``mean_ms``; a chunk starts a late burst with probability
-    chunk / ``burst_every_s`` (0: never) and is then held back ``burst_ms`` (x U[0.5, 1]) more,
-    the chunks behind it queueing and leaving together when it goes."""
-
-    mean_ms: float = 0.0
-    burst_every_s: float = 0.0
-    burst_ms: float = 0.0
-
-    @property
-    def active(self) -> bool:
-        return self.mean_ms > 0 or (self.burst_every_s > 0 and self.burst_ms > 0)
-
-
-JITTER_PROFILES: Final = {
-    "loopback": Jitter(),
-    "lan": Jitter(mean_ms=1.0, burst_every_s=20.0, burst_ms=20.0),
-    "wan": Jitter(mean_ms=6.0, burst_every_s=4.0, burst_ms=150.0),
-}
-
-
-def jitter_delays(jitter: Jitter, chunks: int, chunk_s: float, seed: int = 0, index: int = 0) -> list[float]:
-    """The hold-back (s) of each of ``chunks`` chunks of session ``index``: deterministic in
-    (``seed``, ``index``)."""
-    rng = np.random.default_rng([seed, index])
-    d = rng.exponential(jitter.mean_ms, chunks) if jitter.mean_ms > 0 else np.zeros(chunks)
-    if jitter.burst_every_s > 0 and jitter.burst_ms > 0:
-        starts = rng.random(chunks) < min(1.0, chunk_s / jitter.burst_every_s)
-        d = d + starts * jitter.burst_ms * rng.uniform(0.5, 1.0, chunks)
-    return [float(x) / 1000 for x in d]
-
-
-# -- a run of N sessions -----------------------------------------------------------------------
-@attrs.frozen
-class Options:
-    url: str
-    seconds: float
-    api_key: str | None
-    config: dict[str, Any]
-    sync_start: bool = False
-    drain_s: float = 2.0
-    jitter_buffer_s: float = 0.12
-    min_coverage: float = MIN_COVERAGE
-    max_p99_ms: float = MAX_P99_MS
-    ready_frames: tuple[int, ...] | None = None
-    dialect: str = "realtime"  # or "api-chat"
-    query: dict[str, str] = attrs.Factory(dict)  # /api/chat: text_prompt, voice_prompt
-    decode_every: int = 8  # /api/chat: decode the replies of every K-th session (RMS check)
-    phases: str = "spread"  # or "random" (with seed), "sync" (as sync_start)
-    seed: int = 0
-    align: str = "client"  # duplex.alignment sent; "none": no opt-in (a stock client)
-    jitter: Jitter = Jitter()
-    rate: int = 24_000  # the input rate
-
-
-AUDIBLE_RMS: Final = 1e-3  # per-frame RMS floor of audible output (as the vLLM-Omni driver's)
-
-
-def audible_frames(pcm: Float32Array) -> tuple[int, int]:
-    """(80 ms frames of ``pcm`` whose RMS is over :data:`AUDIBLE_RMS`, whole frames)."""
-    frames = pcm.size // 1920
-    if frames == 0:
-        return 0, 0
-    x = pcm[: frames * 1920].reshape(frames, 1920).astype(np.float64)
-    return int((np.sqrt((x * x).mean(axis=1)) > AUDIBLE_RMS).sum()), frames
-
-
-Audio = EncodedAudio | tuple[bytes, ...]  # realtime append messages, or /api/chat Opus messages
-
-
-async def run_trial(opts: Options, n: int, audio: Audio) -> Trial:
-    """Open ``n`` sessions, stream ``audio`` into each on absolute deadlines, analyse."""
-    base = http_base(opts.url)
-    before = await scrape(base, opts.api_key)
-    phases = "sync" if opts.sync_start else opts.phases
-    runs = [SessionRun(i, off) for i, off in enumerate(start_offsets(n, phases, opts.seed))]
-    pending = n
-    go = trio.Event()
-    start = [0.0]
-
-    def opened_or_failed() -> None:
-        nonlocal pending
-        pending -= 1
-        if pending == 0:
-            start[0] = trio.current_time() + 0.1
-            go.set()
-
-    async def realtime(run: SessionRun, mark_open: Callable[[], None]) -> None:
-        assert isinstance(audio, EncodedAudio)
-        async with open_duplex_client(
-            opts.url,
-            api_key=opts.api_key,
-            config=opts.config,
-            queue_events=False,
-            on_event=run.on_event,
-            alignment=None if opts.align == "none" else opts.align,
-        ) as client:
-            run.session_id = client.session_id
-            mark_open()
-            await go.wait()
-            delays = None
-            if opts.jitter.active:
-                delays = jitter_delays(
-                    opts.jitter, audio.frames + 1, audio.chunk / audio.sample_rate_hz, opts.seed, run.index
-                )
-            client.sends = run.sends
-            client.pads = run.pads
-            try:
-                await client.stream(audio, start=start[0] + run.offset, times=run.send_times, delays=delays)
-                expected = len(frame_send_times(run.send_times, opts.ready_frames))
-                # Pads (the client's and the server's) add frames: wait for the one that ends
-                # within the last frame's worth of what was sent, too.
-                last = audio.total_samples - audio.frame_samples * (
-                    1 if audio.sample_rate_hz == 24_000 else 2
-                )
-                with trio.move_on_after(opts.drain_s):
-                    await client.wait_until(
-                        lambda: (
-                            client.frames_received >= expected
-                            and (run.last_end is None or run.last_end > last)
-                        ),
-                        timeout=opts.drain_s + 1,
-                    )
-            finally:
-                run.hints_ignored = client.hints_ignored
-        run.close_reason = client.closed_event.reason if client.closed_event else None
-
-    async def api_chat(run: SessionRun, mark_open: Callable[[], None]) -> None:
-        assert isinstance(audio, tuple)
-        async with open_api_chat_client(
-            opts.url,
-            api_key=opts.api_key,
-            params=opts.query,
-            decode=run.index % max(1, opts.decode_every) == 0,
-            on_audio=run.on_opus,
-        ) as chat:
-            mark_open()
-            await go.wait()
-            await chat.stream(audio, start=start[0] + run.offset, times=run.send_times)
-            with trio.move_on_after(opts.drain_s):
-                await chat.wait_frames(len(run.send_times), timeout=opts.drain_s + 1)
-            if chat.pcm:
-                run.audible = audible_frames(chat.decoded())
-            run.errors += chat.errors
-        run.close_reason = f"{chat.close_code} {chat.close_reason or ''}".strip()
-
-    async def session(run: SessionRun) -> None:
-        signalled = False
-        t_connect = trio.current_time()
-
-        def mark_open() -> None:
-            nonlocal signalled
-            run.open_ms = round((trio.current_time() - t_connect) * 1000, 3)
-            signalled = True
-            opened_or_failed()
-
-        try:
-            await (api_chat if isinstance(audio, tuple) else realtime)(run, mark_open)
-        except Unauthorized as exc:
-            run.failure = f"unauthorized: {exc}"
-        except ResourceExhausted:
-            run.failure = "resource_exhausted"
-        except SessionRefused as exc:
-            run.failure = exc.code
-        except ConnectFailed as exc:
-            run.failure = f"connect_failed: {exc}"
-        except ServerClosed as exc:
-            run.failure = f"server_closed {exc.code} {exc.reason}"
-        except (trio.TooSlowError, DuplexError) as exc:
-            run.failure = f"{type(exc).__name__}: {exc}"
-        finally:
-            if not signalled:
-                opened_or_failed()
-
-    cpu0, wall0 = time.process_time(), trio.current_time()
-    async with trio.open_nursery() as nursery:
-        for run in runs:
-            nursery.start_soon(session, run)
-    wall = trio.current_time() - wall0
-    cpu_pct = round(100 * (time.process_time() - cpu0) / wall, 1) if wall > 0 else 0.0
-    await trio.sleep(0.2)  # let the server's counters settle after the closes
-    after = await scrape(base, opts.api_key)
-    server = server_figures(before, after, sum(1 for r in runs if not r.failure))
-    trial = Trial(n, runs, start[0], wall, cpu_pct, server, ready_frames=opts.ready_frames)
-    analyse(trial, opts)
-    return trial
-
-
-def analyse(trial: Trial, opts: Options) -> None:
-    all_rtt: list[float] = []
-    all_latency: list[float] = []
-    with_latency = False
-    all_intervals: list[float] = []
-    for run in trial.runs:
-        client_pad = sum(p for _, p in run.pads) * 24  # 24 kHz samples
-        stats = session_stats(
-            run.send_times,
-            run.deltas,
-            jitter_buffer=opts.jitter_buffer_s,
-            ready_frames=opts.ready_frames,
-            sends=run.sends if opts.dialect != "api-chat" else None,
-            rate=opts.rate,
-            pads=client_pad,
-        )
-        frame_sent = frame_send_times(run.send_times, opts.ready_frames)
-        rtt = [ms for _, ms in round_trips_ms(frame_sent, run.deltas)]
-        all_rtt += rtt
-        lat = frame_latencies_ms(run.sends, run.deltas, opts.rate * 80 // 1000)
-        with_latency = with_latency or lat is not None
-        all_latency += rtt if lat is None else lat
-        all_intervals += list(np.diff([d.received_at for d in run.deltas]) * 1000)
-        trial.sessions.append(
-            {
-                "index": run.index,
-                "session_id": run.session_id,
-                "open_ms": run.open_ms,
-                "start_offset_ms": round(run.offset * 1000, 3),
-                "failure": run.failure,
-                "errors": run.errors,
-                "close_reason": run.close_reason,
-                "alignment_hints": [[round((t - trial.t0) * 1000, 1), p, why] for t, p, why in run.hints],
-                "pads_applied_ms": [p for _, p in run.pads],
-                "hints_ignored": run.hints_ignored,
-                # Every output frame's latency in arrival order (ms), to see when a run broke.
-                **({"latency_series_ms": [round(x, 1) for x in lat]} if lat is not None else {}),
-                **({"audible_frames": list(run.audible)} if run.audible is not None else {}),
-                **stats,
-            }
-        )
-    agg = aggregate(trial.sessions, all_rtt, all_intervals, all_latency if with_latency else None)
-    agg["latency_source"] = "input_samples_end" if with_latency else "round_trip"
-    agg["alignment_hints"] = sum(len(r.hints) for r in trial.runs)
-    agg["client_pads_applied"] = sum(len(r.pads) for r in trial.runs)
-    agg["client_pad_ms_mean"] = (
-        round(sum(p for r in trial.runs for _, p in r.pads) / max(1, agg["client_pads_applied"]), 2)
-        if agg["client_pads_applied"]
-        else None
-    )
-    for key in (
-        "steps_per_tick", "wait_ms_mean", "wait_ms_p50_le", "wait_ms_p99_le", "catchup_steps",
-        "align_pad_s", "drained_frames",
-    ):  # fmt: skip
-        agg[f"server_{key}"] = trial.server.get(key)
-    agg["failed_sessions"] = sum(1 for r in trial.runs if r.failure)
-    agg["error_events"] = sum(len(r.errors) for r in trial.runs)
-    agg["server_deadline_misses"] = trial.server["deadline_misses"]
-    agg["server_step_ms_mean"] = trial.server["step_ms_mean"]
-    agg["client_cpu_pct"] = trial.client_cpu_pct
-    agg["client_cpu_pct_per_session"] = round(trial.client_cpu_pct / trial.n, 3) if trial.n else None
-    decoded = [r.audible for r in trial.runs if r.audible is not None]
-    if decoded:
-        loud, total = sum(a for a, _ in decoded), sum(b for _, b in decoded)
-        agg["audible_fraction"] = round(loud / total, 4) if total else 0.0
-        agg["decoded_sessions"] = len(decoded)
-    trial.aggregate = agg
-    reasons: list[str] = []
-    if agg["failed_sessions"]:
-        kinds = sorted({(r.failure or "").split(":")[0] for r in trial.runs if r.failure})
-        reasons.append(f"{agg['failed_sessions']} session(s) failed ({', '.join(kinds)})")
-    if agg["coverage"] < opts.min_coverage:
-        reasons.append(f"coverage {agg['coverage']:.4f} < {opts.min_coverage}")
-    p99 = agg["latency_ms"]["p99"]
-    if p99 is None or p99 > opts.max_p99_ms:
-        what = "latency" if with_latency else "round trip"
-        reasons.append(f"{what} p99 {p99} ms > {opts.max_p99_ms:g} ms")
-    # With injected jitter a frame the server drained (a backlog no catch-up could clear) is
-    # the policy at work, counted apart; on loopback it counts as lost.
-    drained = int(trial.server.get("drained_frames") or 0) if opts.jitter.active else 0
-    agg["lost_frames_not_drained"] = max(0, agg["lost_frames"] - drained)
-    if agg["lost_frames_not_drained"]:
-        reasons.append(f"{agg['lost_frames_not_drained']} lost frame(s)")
-    trial.reasons = reasons
-    trial.held = not reasons
-
-
-# -- output ------------------------------------------------------------------------------------
-def _num(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
-_COLUMNS: Final = (
-    "sent",
-    "recv",
-    "cover",
-    "ttfa ms",
-    "rtt p50",
-    "rtt p99",
-    "lat p50",
-    "lat p99",
-    "lat max",
-    "pkt p99",
-    "underrun",
-    "lost",
-)
-
-
-def _cells(s: dict[str, Any], ttfa: Any) -> list[str]:
-    return [
-        _num(s["frames_sent"]),
-        _num(s["frames_received"]),
-        _num(s["coverage"], 3),
-        _num(ttfa),
-        _num(s["round_trip_ms"]["p50"]),
-        _num(s["round_trip_ms"]["p99"]),
-        _num(s["latency_ms"]["p50"]),
-        _num(s["latency_ms"]["p99"]),
-        _num(s["latency_ms"]["max"]),
-        _num(s["packet_interval_ms"]["p99"]),
-        _num(s["underruns"]),
-        _num(s["lost_frames"]),
-    ]
-
-
-def trial_table(trial: Trial) -> str:
-    """One row per session (up to 32) and an ``all`` row."""
-    rows = []
-    if trial.n <= 32:
-        for s in trial.sessions:
-            rows.append([f"s{s['index']}", *_cells(s, s["time_to_first_audio_ms"]), _num(s["rtf"], 3)])
-    agg = trial.aggregate
-    rows.append(["all", *_cells(agg, agg["time_to_first_audio_ms"]["p50"]), _num(agg["rtf_min"], 3)])
-    table = _table(["session", *_COLUMNS, "rtf"], rows)
-    verdict = "held real time" if trial.held else "broke real time: " + "; ".join(trial.reasons)
-    return (
-        f"{table}\n"
-        f"N={trial.n}: {verdict}. server deadline misses {_num(agg['server_deadline_misses'], 0)}, "
-        f"server step mean {_num(agg['server_step_ms_mean'], 2)} ms, "
-        f"steps per tick {_num(agg.get('server_steps_per_tick'), 3)}, "
-        f"added wait mean {_num(agg.get('server_wait_ms_mean'), 2)} ms, "
-        f"catch-ups {_num(agg.get('server_catchup_steps'), 0)}, "
-        f"align pad {_num(agg.get('server_align_pad_s'), 3)} s, "
-        f"drained {_num(agg.get('server_drained_frames'), 0)}, "
-        f"hints {agg.get('alignment_hints', 0)} ({agg.get('client_pads_applied', 0)} applied), "
-        f"load generator CPU {_num(agg['client_cpu_pct'])}% of one core "
-        f"({_num(agg['client_cpu_pct_per_session'], 2)}% per session)"
-        + (
-            f", audible frames {_num(agg['audible_fraction'], 3)} of {agg['decoded_sessions']} decoded session(s)"
-            if "audible_fraction" in agg
-            else ""
-        )
-    )
-
-
-def ramp_table(trials: Sequence[Trial]) -> str:
-    rows = []
-    for t in sorted(trials, key=lambda t: t.n):
-        a = t.aggregate
-        rows.append(
-            [
-                str(t.n) if t.attempt == 1 else f"{t.n} (#{t.attempt})",
-                *_cells(a, a["time_to_first_audio_ms"]["p50"]),
-                _num(a["server_deadline_misses"], 0),
-                _num(a["server_step_ms_mean"], 2),
-                _num(a.get("server_steps_per_tick"), 3),
-                _num(a.get("server_wait_ms_mean"), 1),
-                _num(a["rtf_min"], 3),
-                _num(a["client_cpu_pct"]),
-                "yes" if t.held else "NO",
-            ]
-        )
-    return _table(
-        ["N", *_COLUMNS, "misses", "step ms", "steps/tick", "wait ms", "rtf min", "cpu %", "held"], rows
-    )
-
-
-def _plot(path: Path, trial: Trial, title: str) -> str | None:
-    from .plot import plot_trial
-
-    try:
-        sessions = [(frame_send_times(r.send_times, trial.ready_frames), r.deltas) for r in trial.runs]
-        plot_trial(path, sessions, t0=trial.t0, title=title)
-    except Exception as exc:  # a missing/broken matplotlib must not lose the numbers
-        print(f"duplex-load: could not draw {path}: {exc}", file=sys.stderr)
-        return None
-    return str(path)
-
-
-# -- the command -------------------------------------------------------------------------------
 def load_audio(path: str | None, seconds: float, rate: int = 24_000) -> Float32Array:
     """``seconds`` (rounded to whole 80 ms frames) of mono float32 at ``rate``: the WAV
     (resampled) looped and trimmed, or synthetic speech."""
@@ -736,51 +230,6 @@ def _api_chat_url(url: str) -> str:
     return urlunsplit(parts._replace(path="/api/chat", query=""))
 
 
-async def _ramp(opts: Options, audio: Audio, args: argparse.Namespace) -> tuple[list[Trial], int]:
-    base = http_base(opts.url)
-    cap = args.max_n
-    if cap is None:
-        info = await ready(base, opts.api_key)
-        cap = int(info.get("slots_total") or 64)
-    trials: list[Trial] = []
-
-    async def trial(n: int) -> Trial:
-        for attempt in range(1, max(0, args.retries) + 2):
-            await wait_idle(base, opts.api_key)
-            t = await run_trial(opts, n, audio)
-            t.attempt = attempt
-            trials.append(t)
-            print(
-                f"duplex-load: N={n:<3} attempt {attempt}: "
-                f"{'held' if t.held else 'broke: ' + '; '.join(t.reasons)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if all(r.failure and r.failure.startswith("unauthorized") for r in t.runs):
-                raise Unauthorized(401, t.runs[0].failure or "unauthorized")
-            if t.held or t.aggregate["failed_sessions"]:  # a refusal is not noise: no retry
-                break
-        return t
-
-    good, bad, n = 0, None, 1
-    while True:
-        t = await trial(n)
-        if not t.held:
-            bad = n
-            break
-        good = n
-        if n >= cap:
-            break
-        n = min(cap, n + args.ramp_step if args.ramp_step > 0 else n * 2)
-    while bad is not None and bad - good > 1:
-        mid = (good + bad) // 2
-        if (await trial(mid)).held:
-            good = mid
-        else:
-            bad = mid
-    return sorted(trials, key=lambda t: (t.n, t.attempt)), good
-
-
 async def _main(args: argparse.Namespace) -> int:
     api_chat = args.dialect == "api-chat" or (args.dialect is None and is_api_chat_url(args.url))
     fmt: WireFormat = args.input_format
@@ -894,9 +343,11 @@ async def _run(args: argparse.Namespace, opts: Options, audio: Audio, meta: dict
         },
     }
     if args.ramp:
-        trials, largest = await _ramp(opts, audio, args)
+        trials, largest = await load_ramp.ramp(opts, audio, args)
         best = next((t for t in trials if t.n == largest and t.held), trials[-1])
-        png = _plot(out / "load.png", best, f"N={best.n} sessions ({'held' if best.held else 'broke'})")
+        png = load_report.draw_trial(
+            out / "load.png", best, f"N={best.n} sessions ({'held' if best.held else 'broke'})"
+        )
         ramp_png: str | None = str(out / "ramp.png")
         try:
             from .plot import plot_ramp
@@ -914,7 +365,7 @@ async def _run(args: argparse.Namespace, opts: Options, audio: Audio, meta: dict
             "trials": [t.to_json() for t in trials],
         }
         (out / "load.json").write_text(json.dumps(report, indent=1))
-        print(ramp_table(trials))
+        print(load_report.ramp_table(trials))
         print(f"largest N that held real time: {largest}")
         return EXIT_OK
     trial = await run_trial(opts, args.sessions, audio)
@@ -928,10 +379,10 @@ async def _run(args: argparse.Namespace, opts: Options, audio: Audio, meta: dict
     if all(failures):
         print(f"duplex-load: no session could be opened: {sorted(set(failures))}", file=sys.stderr)
         return EXIT_REFUSED
-    png = _plot(out / "load.png", trial, f"N={trial.n} sessions, {args.seconds:g} s each")
+    png = load_report.draw_trial(out / "load.png", trial, f"N={trial.n} sessions, {args.seconds:g} s each")
     report = {**meta, "mode": "single", "png": png, **trial.to_json()}
     (out / "load.json").write_text(json.dumps(report, indent=1))
-    print(trial_table(trial))
+    print(load_report.trial_table(trial))
     return EXIT_OK
 
 

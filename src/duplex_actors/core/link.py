@@ -31,7 +31,9 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from ..errors import CodedError
+from .. import error_codes
+from ..admission import ResourceExhausted, SchedulerFailed
+from ..error_codes import CodedError
 from ..log import records as r
 from ..model.engine import EngineDescription, SessionPrompt
 from ..model.family import ModelFamily
@@ -55,7 +57,7 @@ _CREDENTIALS = struct.Struct("3i")
 class CoreUnavailable(CodedError):
     """The engine core could not be reached, or its process is gone."""
 
-    code = "internal_error"
+    code = error_codes.INTERNAL_ERROR
 
 
 class CoreStartFailed(CoreUnavailable):
@@ -163,15 +165,13 @@ class CoreLink:
     async def admit_slot(self) -> int:
         """A free slot of the core's table (``ResourceExhausted`` when there is none). The round
         trip is shielded: a slot the core granted is always either returned or freed again."""
-        from ..scheduler.actor import ResourceExhausted, SchedulerFailed
-
         self._check_alive()
         with trio.CancelScope(shield=True):
             reply = await self._request(wire.ADMIT, timeout_s=ADMIT_TIMEOUT_S)
         if reply[0] == wire.ADMITTED:
             return int(reply[2])
         code, message = reply[2], reply[3]
-        if code == "resource_exhausted":
+        if code == error_codes.RESOURCE_EXHAUSTED:
             raise ResourceExhausted(message)
         raise SchedulerFailed(message)
 
@@ -263,8 +263,6 @@ class CoreLink:
 
     def _check_alive(self) -> None:
         if self.failed is not None:
-            from ..scheduler.actor import SchedulerFailed
-
             raise SchedulerFailed(f"the model scheduler failed: {self.failed}")
 
     def _queue(self, item: tuple[Any, ...]) -> None:
@@ -382,7 +380,7 @@ class CoreLink:
             elif kind == wire.STEP_FAILED:
                 occupant = occupants.get(item[1])
                 if occupant is not None:
-                    occupant.step_failed(_RemoteError("internal_error", item[2]))
+                    occupant.step_failed(_RemoteError(error_codes.INTERNAL_ERROR, item[2]))
             elif kind == wire.GATHER:
                 snapshot = self.on_gather() if self.on_gather is not None else None
                 self._queue((wire.GATHERED, item[1], snapshot))

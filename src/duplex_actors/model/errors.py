@@ -2,35 +2,36 @@
 
 from __future__ import annotations
 
-from ..errors import CodedError
+from .. import error_codes
+from ..error_codes import CodedError
 
 
 class ModelError(CodedError):
     """Base class; ``code`` is stable and user-visible."""
 
-    code = "internal_error"
+    code = error_codes.INTERNAL_ERROR
 
 
 class CheckpointError(ModelError):
     """A checkpoint file is missing or malformed; the message names the file and what was expected."""
 
-    code = "checkpoint_error"
+    code = error_codes.CHECKPOINT_ERROR
 
 
 class CheckpointUnavailable(ModelError):
     """The checkpoint cannot be fetched now (the hub is unreachable or overloaded); a later
     attempt may work, so the server keeps trying."""
 
-    code = "checkpoint_unavailable"
+    code = error_codes.CHECKPOINT_UNAVAILABLE
 
 
 class InvalidVoice(ModelError):
     """The requested voice prompt is not a bundled ``.pt`` basename of this checkpoint."""
 
-    code = "invalid_voice"
+    code = error_codes.INVALID_VOICE
 
 
 class InvalidRuntimeConfig(ModelError):
     """A session tried to set a server-owned runtime key, or a sampling value is out of range."""
 
-    code = "invalid_duplex_runtime_config"
+    code = error_codes.INVALID_DUPLEX_RUNTIME_CONFIG

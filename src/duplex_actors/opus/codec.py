@@ -31,7 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import sphn
 
-from ..errors import CodedError
+from .. import error_codes
+from ..error_codes import CodedError
 from .ogg import OggError, OggPage, OggPageReader
 
 SAMPLE_RATE = 24000
@@ -43,9 +44,7 @@ _EMPTY = np.zeros(0, dtype=np.float32)
 class OpusUndecodable(CodedError):
     """Inbound audio that is not a valid Ogg/Opus stream (the dialect sends ``0x05`` + 1007)."""
 
-    # protocol.errors.BAD_AUDIO (a test pins it): importing the protocol package would add ~0.5 s
-    # to every worker start, and the worker needs nothing else of it.
-    code = "bad_audio"
+    code = error_codes.BAD_AUDIO
 
 
 class OggOpusDecoder:

@@ -49,8 +49,7 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from ..errors import CodedError
-from ..protocol.errors import INTERNAL_ERROR
+from ..error_codes import INTERNAL_ERROR, CodedError
 from . import wire
 from .codec import OpusUndecodable
 

@@ -9,20 +9,14 @@ messages out (``docs/api.md``, ``docs/protocol.md``). No trio, no torch, no mode
   (not imported here: ``python -m duplex_actors.protocol.schemas`` runs it as a script).
 """
 
-from .codec import (
-    decode_append,
-    decode_audio_b64,
-    dumps,
-    encode_client_event,
-    normalize_session_config,
-    parse_client_binary,
-    parse_client_object,
-    parse_client_text,
-    resolve_input_format,
-)
-from .errors import ProtocolError, error_type
+from ..error_codes import error_type
+from .audio_formats import decode_append, decode_audio_b64, resolve_input_format
+from .converter import dumps, encode_client_event
+from .errors import ProtocolError
 from .native import NativeProjection
+from .parsing import parse_client_binary, parse_client_object, parse_client_text
 from .realtime import RealtimeProjection, refusal_error
+from .session_config import normalize_session_config
 
 __all__ = [
     "NativeProjection",

@@ -34,8 +34,8 @@ from typing import Any, Final
 
 import attrs
 
+from .. import error_codes
 from ..session import events as ev
-from . import errors
 from .errors import ProtocolError, clip
 
 __all__ = [
@@ -123,7 +123,7 @@ class ChatQuery:
 
 
 def _refuse(param: str, message: str) -> ProtocolError:
-    return ProtocolError(errors.INVALID_VALUE, f"{param}: {message}", param=param)
+    return ProtocolError(error_codes.INVALID_VALUE, f"{param}: {message}", param=param)
 
 
 def _number(param: str, raw: str, kind: type) -> float | int:

@@ -1,4 +1,4 @@
-"""The wire error codes of the spec (docs/protocol.md §4) and the exception the codec raises.
+"""The wire error codes of the spec (wire-protocol.md §4) and the exception the codec raises.
 
 Each code maps to the OpenAI ``error.type`` it is reported under: ``rate_limit_error`` when the
 server is full, ``server_error`` when the server failed, ``invalid_request_error`` for every
@@ -7,84 +7,12 @@ client mistake (including codes this module does not list, such as those of a mo
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final
 
-from ..errors import CodedError
-
-ErrorType = Literal["invalid_request_error", "rate_limit_error", "server_error"]
-
-INVALID_JSON: Final = "invalid_json"
-BAD_EVENT: Final = "bad_event"
-UNKNOWN_EVENT: Final = "unknown_event"
-INVALID_VALUE: Final = "invalid_value"
-BAD_AUDIO: Final = "bad_audio"
-UNSUPPORTED_AUDIO_FORMAT: Final = "unsupported_audio_format"
-INPUT_BACKPRESSURE: Final = "input_backpressure"
-INVALID_VOICE: Final = "invalid_voice"
-VOICE_UPDATE_UNSUPPORTED: Final = "voice_update_unsupported"
-PERSONA_UPDATE_UNSUPPORTED: Final = "persona_update_unsupported"
-INVALID_DUPLEX_RUNTIME_CONFIG: Final = "invalid_duplex_runtime_config"
-MODEL_NOT_FOUND: Final = "model_not_found"
-RESPONSE_CANCEL_NOT_ACTIVE: Final = "response_cancel_not_active"
-COMMIT_UNSUPPORTED: Final = "commit_unsupported"
-RESPONSE_CREATE_UNSUPPORTED: Final = "response_create_unsupported"
-# OpenAI's code for a response.create while a response is active: the stock route's answer (the
-# lockstep response is always active), which voice-agent frameworks tolerate.
-CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE: Final = "conversation_already_has_active_response"
-ITEM_RETRIEVE_INVALID_ITEM_ID: Final = "item_retrieve_invalid_item_id"  # OpenAI's code
-INPUT_AUDIO_BUFFER_EMPTY: Final = "input_audio_buffer_empty"  # upstream's code (docs/protocol.md §8)
-INVALID_EVENT_ACK: Final = "invalid_event_ack"
-CONFIG_TIMEOUT: Final = "config_timeout"
-RESOURCE_EXHAUSTED: Final = "resource_exhausted"
-RATE_LIMITED: Final = "rate_limited"  # held back by the connection's budget too long (docs/protocol.md §6)
-SESSION_CLOSED: Final = "session_closed"
-LOG_UNAVAILABLE: Final = "log_unavailable"
-UNAUTHORIZED: Final = "unauthorized"
-INTERNAL_ERROR: Final = "internal_error"
-
-CODES: Final[tuple[str, ...]] = (
-    INVALID_JSON,
-    BAD_EVENT,
-    UNKNOWN_EVENT,
-    INVALID_VALUE,
-    BAD_AUDIO,
-    UNSUPPORTED_AUDIO_FORMAT,
-    INPUT_BACKPRESSURE,
-    INVALID_VOICE,
-    VOICE_UPDATE_UNSUPPORTED,
-    PERSONA_UPDATE_UNSUPPORTED,
-    INVALID_DUPLEX_RUNTIME_CONFIG,
-    MODEL_NOT_FOUND,
-    RESPONSE_CANCEL_NOT_ACTIVE,
-    COMMIT_UNSUPPORTED,
-    RESPONSE_CREATE_UNSUPPORTED,
-    CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
-    ITEM_RETRIEVE_INVALID_ITEM_ID,
-    INPUT_AUDIO_BUFFER_EMPTY,
-    INVALID_EVENT_ACK,
-    CONFIG_TIMEOUT,
-    RESOURCE_EXHAUSTED,
-    RATE_LIMITED,
-    SESSION_CLOSED,
-    LOG_UNAVAILABLE,
-    UNAUTHORIZED,
-    INTERNAL_ERROR,
-)
-
-ERROR_TYPES: Final[dict[str, ErrorType]] = {
-    RESOURCE_EXHAUSTED: "rate_limit_error",
-    RATE_LIMITED: "rate_limit_error",
-    INTERNAL_ERROR: "server_error",
-    LOG_UNAVAILABLE: "server_error",
-}
+from ..error_codes import CodedError, ErrorType, error_type
 
 # Client-supplied text ends up in messages; a hostile client must not make error frames huge.
 MAX_MESSAGE_CHARS: Final = 1024
-
-
-def error_type(code: str) -> ErrorType:
-    """The ``error.type`` a code is reported under (unknown codes: ``invalid_request_error``)."""
-    return ERROR_TYPES.get(code, "invalid_request_error")
 
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

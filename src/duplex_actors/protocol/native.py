@@ -41,9 +41,11 @@ import pybase64
 
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
-from . import events as wire
-from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, parse_client_binary
+from . import wire_events as wire
+from .converter import encode_server_event
 from .errors import ProtocolError, clip
+from .parsing import parse_client_binary
+from .session_config import SERVER_OWNED_SESSION_KEYS
 
 __all__ = ["NativeProjection", "binary_frame", "parse_client_binary", "refusal_error", "split_binary_frame"]
 

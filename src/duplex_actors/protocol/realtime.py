@@ -55,12 +55,16 @@ from typing import Any, Final, Literal, cast
 import attrs
 import pybase64
 
+from .. import close_reasons as reasons
+from .. import error_codes
 from ..audio import FRAME_MS, OutputStream, canonical_output_format
+from ..error_codes import error_type
 from ..session import events as ev
 from ..session.events import MAX_TRANSCRIPT_CHARS, alignment_mode
-from . import events as wire
-from .codec import SERVER_OWNED_SESSION_KEYS, encode_server_event, server_event_encoder
-from .errors import ProtocolError, clip, error_type
+from . import wire_events as wire
+from .converter import encode_server_event, server_event_encoder
+from .errors import ProtocolError, clip
+from .session_config import SERVER_OWNED_SESSION_KEYS
 
 MAX_CHUNK_FRAMES: Final = 50  # 50 frames = 4 s = ~256 KB of base64 per delta
 # The stock route's response.done reasons: OpenAI's types know client_cancelled (and
@@ -312,12 +316,12 @@ class RealtimeProjection:
                 )
             case ev.Error():
                 message = event.message
-                if not self.duplex and event.code == "response_cancel_not_active":
+                if not self.duplex and event.code == error_codes.RESPONSE_CANCEL_NOT_ACTIVE:
                     message = STOCK_CANCEL_NOT_ACTIVE
                 out.append(self.error_event(event.code, message, event.client_event_id, event.param))
             case ev.SessionClosed():
                 self._flush(out)
-                if self.duplex or event.reason == "client_close":
+                if self.duplex or event.reason == reasons.CLIENT_CLOSE:
                     self._emit(out, wire.RealtimeSessionClosed(self._id(), event.session_id, event.reason))
                 self.closed = True
         return out

@@ -26,7 +26,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from ..log import records
-from . import events as wire
+from . import wire_events as wire
 
 DRAFT: Final = "https://json-schema.org/draft/2020-12/schema"
 README: Final = "README.md"
@@ -149,7 +149,7 @@ def _readme(paths: Iterable[str]) -> str:
     lines = [
         "# JSON Schemas (generated; do not edit)",
         "",
-        "Generated from the attrs classes in `duplex_actors.protocol.events` (wire events) and",
+        "Generated from the attrs classes in `duplex_actors.protocol.wire_events` and",
         "`duplex_actors.log.records` (session log records). After changing a class, run",
         "",
         "    .venv/bin/python -m duplex_actors.protocol.schemas write schemas/",
@@ -220,7 +220,7 @@ def _validator(path: str) -> Any:
     return jsonschema.Draft202012Validator(_schemas()[path])
 
 
-def _validate(obj: Any, dialect: wire.Dialect, direction: str) -> None:
+def _validate(obj: Any, dialect: wire.DialectName, direction: str) -> None:
     import jsonschema
 
     if dialect not in ("realtime", "native"):
@@ -232,14 +232,14 @@ def _validate(obj: Any, dialect: wire.Dialect, direction: str) -> None:
     _validator(path).validate(obj)
 
 
-def validate_server_event(obj: Any, dialect: wire.Dialect) -> None:
+def validate_server_event(obj: Any, dialect: wire.DialectName) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``obj`` is a valid server event of
     ``dialect`` (binary native messages are not events: check them with
     ``native.split_binary_frame``)."""
     _validate(obj, dialect, "server")
 
 
-def validate_client_event(obj: Any, dialect: wire.Dialect) -> None:
+def validate_client_event(obj: Any, dialect: wire.DialectName) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``obj`` is a valid client event of ``dialect``."""
     _validate(obj, dialect, "client")
 

@@ -22,6 +22,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from .. import error_codes
+
 EXPECTED = "expected.json"
 
 
@@ -100,7 +102,9 @@ async def parrot_clears_updates_disconnect(server: Any) -> None:
         await trio.sleep(0.08)
     await s.clear_output(client_event_id="co")
     await _stream(s, audio[30_000:], [1920])
-    await s.reject("input_audio_buffer.commit", "commit_unsupported", "no commits for a lockstep model")
+    await s.reject(
+        "input_audio_buffer.commit", error_codes.COMMIT_UNSUPPORTED, "no commits for a lockstep model"
+    )
     await trio.sleep(0.2)
     await s.disconnect()
 

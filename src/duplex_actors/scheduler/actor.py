@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from ..admission import ResourceExhausted, SchedulerFailed
 from ..audio import FRAME_MS
-from ..errors import CodedError
 from ..model.engine import ModelEngine, SessionPrompt, StepOutput
 from ..session.alignment import Grid
 from .clock import INLINE, REAL_TIME, Clock, Executor, Threads, engine_executor
@@ -42,7 +42,7 @@ from .policy import (
 )
 from .slots import Occupant, QueuedFrame, Slot, SlotTable, StepResult
 
-__all__ = ["ResourceExhausted", "Scheduler", "SchedulerFailed", "SchedulerStatistics", "StepResult"]
+__all__ = ["Scheduler", "SchedulerStatistics", "StepResult"]
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,6 @@ RELEASE_DEFER_S = 0.2
 RELEASE_SLACK_S = 0.01
 # Frame-wait histogram buckets (seconds): a frame complete -> its step starts (0-80 ms on a grid).
 WAIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.32, float("inf"))
-
-
-class ResourceExhausted(CodedError):
-    code = "resource_exhausted"
-
-
-class SchedulerFailed(CodedError):
-    code = "internal_error"
 
 
 @attrs.frozen(slots=True)

@@ -19,9 +19,11 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from .. import close_reasons as reasons
+from .. import error_codes
 from ..audio import FORMATS, float_to_pcm16
 from ..counters import Counters
-from ..errors import code_of
+from ..error_codes import code_of
 from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev
@@ -158,22 +160,22 @@ class SessionActor:
 
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
-        code = code_of(exc, "internal_error")
-        if code in ("checkpoint_error", "internal_error"):
-            code, message = "internal_error", "the model could not start this session's context"
+        code = code_of(exc, error_codes.INTERNAL_ERROR)
+        if code in (error_codes.CHECKPOINT_ERROR, error_codes.INTERNAL_ERROR):
+            code, message = error_codes.INTERNAL_ERROR, "the model could not start this session's context"
         else:
             message = str(exc)
         self._stop_submitting = True
         self.inbox.put_result_nowait(r.Rejected("session.reset", code, message))
-        self.inbox.put_result_nowait(r.Close("error"))
+        self.inbox.put_result_nowait(r.Close(reasons.ERROR))
 
     def step_failed(self, exc: BaseException) -> None:
         """The model step carrying this session's frame failed: end the session (1011)."""
         self._stop_submitting = True
         self.inbox.put_result_nowait(
-            r.Rejected("model.step", "internal_error", "the model failed on this session's audio")
+            r.Rejected("model.step", error_codes.INTERNAL_ERROR, "the model failed on this session's audio")
         )
-        self.inbox.put_result_nowait(r.Close("error"))
+        self.inbox.put_result_nowait(r.Close(reasons.ERROR))
 
     async def send(self, record: r.Record, *, applied: bool = False) -> None:
         """A client command, in order; waits while too many commands are queued. ``applied``:
@@ -265,7 +267,7 @@ class SessionActor:
             # Cancelled (server teardown) or a bug: still finish the log and free the slot.
             with trio.CancelScope(shield=True):
                 if not self.core.closed:
-                    await self._handle(r.Close("error"))
+                    await self._handle(r.Close(reasons.ERROR))
             raise
         finally:
             with trio.CancelScope(shield=True):
@@ -362,9 +364,9 @@ class SessionActor:
             except Exception as exc:  # the log cannot be written: end the session, say why
                 self.log_error = exc
                 log.error("session %s: log unavailable: %s", self.session_id, exc)
-                self._send(ev.Error("log_unavailable", f"the session log cannot be written: {exc}"))
+                self._send(ev.Error(error_codes.LOG_UNAVAILABLE, f"the session log cannot be written: {exc}"))
                 if not isinstance(record, r.Close):
-                    record = r.Close("log_unavailable")
+                    record = r.Close(reasons.LOG_UNAVAILABLE)
         counters = self.counters
         if counters is not None and isinstance(record, r.Step) and record.epoch != self.core.epoch:
             counters.dropped["stale_epoch"] += 1
@@ -403,7 +405,7 @@ class SessionActor:
         if self.core.closed and self.close_reason is None and isinstance(record, r.Close):
             self.close_reason = record.reason
         if self.log_error is not None and not self.core.closed:
-            await self._handle(r.Close("log_unavailable"))
+            await self._handle(r.Close(reasons.LOG_UNAVAILABLE))
 
     def _send(self, event: ev.SessionEvent) -> None:
         if self._consumer_gone:
@@ -413,7 +415,7 @@ class SessionActor:
         except trio.WouldBlock:
             self._consumer_gone = True
             log.warning("session %s: consumer too slow, closing", self.session_id)
-            self.inbox.put_result_nowait(r.Close("slow_consumer"))
+            self.inbox.put_result_nowait(r.Close(reasons.SLOW_CONSUMER))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._consumer_gone = True
 
@@ -430,7 +432,7 @@ class SessionActor:
                     if self.log_error is not None and self.core.closed:
                         # The log itself is fine (e.g. its queue stayed full): finish it anyway.
                         self.log_error = None
-                        await self._append(r.Close(self.close_reason or "log_unavailable"))
+                        await self._append(r.Close(self.close_reason or reasons.LOG_UNAVAILABLE))
                     if self.log_error is None:
                         await self._append(self.core.digests())
             except Exception as exc:

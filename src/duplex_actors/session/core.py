@@ -36,8 +36,9 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from .. import error_codes
 from ..audio import FORMATS, FRAME_SAMPLES, SAMPLE_RATE, AudioError, InputStream
-from ..errors import CodedError, code_of
+from ..error_codes import CodedError, code_of
 from ..log import records as r
 from . import events as ev
 from .events import alignment_mode
@@ -132,16 +133,18 @@ def _check_duplex(config: Mapping[str, Any]) -> None:
         return
     duplex = config["duplex"]
     if not isinstance(duplex, Mapping):
-        raise ConfigRefused("invalid_value", "duplex must be an object")
+        raise ConfigRefused(error_codes.INVALID_VALUE, "duplex must be an object")
     mode = duplex.get("alignment", "server")
     if mode not in ALIGNMENT_MODES:
         raise ConfigRefused(
-            "invalid_value", f"duplex.alignment must be one of {', '.join(ALIGNMENT_MODES)}, not {mode!r}"
+            error_codes.INVALID_VALUE,
+            f"duplex.alignment must be one of {', '.join(ALIGNMENT_MODES)}, not {mode!r}",
         )
     cancel = duplex.get("cancel", "response")
     if cancel not in CANCEL_MODES:
         raise ConfigRefused(
-            "invalid_value", f"duplex.cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}"
+            error_codes.INVALID_VALUE,
+            f"duplex.cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}",
         )
 
 
@@ -197,9 +200,9 @@ _PERSONA_LOCKED: Final = "the persona cannot change after the first audio frame 
 def _locked_refusal(locked: bool, prompt: Any, current: Any) -> _Refusal | None:
     """The refusal of ``prompt`` once voice and persona are locked (else None)."""
     if locked and prompt.voice != current.voice:
-        return _Refusal("voice_update_unsupported", _VOICE_LOCKED)
+        return _Refusal(error_codes.VOICE_UPDATE_UNSUPPORTED, _VOICE_LOCKED)
     if locked and prompt.persona != current.persona:
-        return _Refusal("persona_update_unsupported", _PERSONA_LOCKED)
+        return _Refusal(error_codes.PERSONA_UPDATE_UNSUPPORTED, _PERSONA_LOCKED)
     return None
 
 
@@ -411,7 +414,10 @@ class SessionCore:
             case r.Cancel():
                 if self._response is None:
                     self._error(
-                        out, "response_cancel_not_active", "no response is active", record.client_event_id
+                        out,
+                        error_codes.RESPONSE_CANCEL_NOT_ACTIVE,
+                        "no response is active",
+                        record.client_event_id,
                     )
                 elif record.reset:
                     self._new_epoch(out, "client_cancelled", audio_cleared=False)
@@ -440,7 +446,7 @@ class SessionCore:
                 if record.pad_ms not in range(1, 80) or record.reason not in HINT_REASONS:
                     self._error(
                         out,
-                        "invalid_value",
+                        error_codes.INVALID_VALUE,
                         f"alignment hint {record.pad_ms} ms ({record.reason}) refused",
                         None,
                     )
@@ -465,16 +471,23 @@ class SessionCore:
         kind = r.KIND_NAMES[type(record)]
         client_event_id = getattr(record, "client_event_id", None)
         if self.state is State.CLOSED:
-            self._error(out, "session_closed", f"the session is closed: {kind} refused", client_event_id)
+            self._error(
+                out, error_codes.SESSION_CLOSED, f"the session is closed: {kind} refused", client_event_id
+            )
         elif self.state is State.ERROR:
-            self._error(out, "internal_error", f"the session failed earlier: {kind} refused", client_event_id)
+            self._error(
+                out,
+                error_codes.INTERNAL_ERROR,
+                f"the session failed earlier: {kind} refused",
+                client_event_id,
+            )
         else:
             self._fail(out, f"a {kind} record while the session is {self.state.value}", client_event_id)
 
     def _fail(self, out: list[Effect], what: str, client_event_id: str | None = None) -> None:
         """The records contradict the session's life: say so and refuse everything but a close."""
         self.state = State.ERROR
-        self._error(out, "internal_error", f"session log out of order: {what}", client_event_id)
+        self._error(out, error_codes.INTERNAL_ERROR, f"session log out of order: {what}", client_event_id)
 
     def _emit(self, out: list[Effect], event: ev.SessionEvent) -> None:
         self._events.update(ev.canonical_bytes(event))
@@ -506,7 +519,7 @@ class SessionCore:
         sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
         extra = config.get("extra_body")
         if extra is not None and not isinstance(extra, Mapping):
-            raise ConfigRefused("invalid_duplex_runtime_config", "extra_body must be an object")
+            raise ConfigRefused(error_codes.INVALID_DUPLEX_RUNTIME_CONFIG, "extra_body must be an object")
         texts = self._system_texts if texts is None else texts
         persona = config.get("instructions")
         if texts and (persona is None or isinstance(persona, str)):
@@ -553,16 +566,18 @@ class SessionCore:
             try:
                 candidate = self._validated({**checked, key: value})
             except Exception as exc:
-                refused.append(_Refusal(code_of(exc, "invalid_value"), f"{key}: {exc}"))
+                refused.append(_Refusal(code_of(exc, error_codes.INVALID_VALUE), f"{key}: {exc}"))
                 refused_keys.add(key)
                 continue
             if prompt is not None and self.locked:
                 if candidate.voice != prompt.voice:
-                    refused.append(_Refusal("voice_update_unsupported", f"{key}: {_VOICE_LOCKED}"))
+                    refused.append(_Refusal(error_codes.VOICE_UPDATE_UNSUPPORTED, f"{key}: {_VOICE_LOCKED}"))
                     refused_keys.add(key)
                     continue
                 if candidate.persona != prompt.persona:
-                    refused.append(_Refusal("persona_update_unsupported", f"{key}: {_PERSONA_LOCKED}"))
+                    refused.append(
+                        _Refusal(error_codes.PERSONA_UPDATE_UNSUPPORTED, f"{key}: {_PERSONA_LOCKED}")
+                    )
                     refused_keys.add(key)
                     continue
             checked[key] = value
@@ -585,7 +600,7 @@ class SessionCore:
         try:
             prompt = self._validated(config)
         except Exception as exc:  # a bad opening config: open with what is valid, then say why
-            config, refused = {}, [_Refusal(code_of(exc, "invalid_value"), str(exc))]
+            config, refused = {}, [_Refusal(code_of(exc, error_codes.INVALID_VALUE), str(exc))]
             if self.format_version is not None and self.format_version >= PARTIAL_OPEN_FORMAT:
                 taken, split = self._split({}, record.config, None)
                 if split:
@@ -629,7 +644,7 @@ class SessionCore:
             prompt = self._validated(merged)
             whole = _locked_refusal(self.locked, prompt, self.prompt)
         except Exception as exc:
-            whole = _Refusal(code_of(exc, "invalid_value"), str(exc))
+            whole = _Refusal(code_of(exc, error_codes.INVALID_VALUE), str(exc))
         if whole is not None:
             # A refused field never drops the rest: the update is taken field by field.
             taken, refused = self._split(self.config, changes, self.prompt)
@@ -659,7 +674,7 @@ class SessionCore:
         size = _size_of(entries) if entries is not None else _json_size(effective)
         if size > bound:
             return _Refusal(
-                "invalid_value",
+                error_codes.INVALID_VALUE,
                 f"the merged session config would be {size} bytes of JSON, over {self.limits.max_config_bytes}",
             )
         return _Outcome(prompt, effective, entries, tuple(refused))
@@ -712,7 +727,7 @@ class SessionCore:
             except Exception as exc:
                 self._error(
                     out,
-                    code_of(exc, "invalid_value"),
+                    code_of(exc, error_codes.INVALID_VALUE),
                     f"the {record.role} text cannot join the persona: {exc}",
                     record.client_event_id,
                 )
@@ -737,7 +752,7 @@ class SessionCore:
             return None
         return r.Rejected(
             "input_audio_buffer.append",
-            "input_backpressure",
+            error_codes.INPUT_BACKPRESSURE,
             f"more than {self.limits.max_buffered_samples} samples buffered and not yet "
             "stepped; send audio in real time",
             record.client_event_id,
@@ -747,7 +762,10 @@ class SessionCore:
     def _append(self, record: r.Append, out: list[Effect]) -> None:
         if len(record.audio) == 0:
             self._error(
-                out, "bad_event", "input_audio_buffer.append carries no audio", record.client_event_id
+                out,
+                error_codes.BAD_EVENT,
+                "input_audio_buffer.append carries no audio",
+                record.client_event_id,
             )
             return
         refusal = self.refusal_for(record)
@@ -767,13 +785,16 @@ class SessionCore:
         """Zeros after the partial tail (docs/protocol.md §7), within the session's pad bound."""
         if record.samples <= 0 or record.reason not in PAD_REASONS:
             self._error(
-                out, "invalid_value", f"pad of {record.samples} samples ({record.reason}) refused", None
+                out,
+                error_codes.INVALID_VALUE,
+                f"pad of {record.samples} samples ({record.reason}) refused",
+                None,
             )
             return
         if self.pad_samples + record.samples > self.limits.max_pad_samples:
             self._error(
                 out,
-                "invalid_value",
+                error_codes.INVALID_VALUE,
                 f"a pad of {record.samples} samples would take the session's alignment pads past "
                 f"{self.limits.max_pad_samples} samples: not inserted, the session goes on unaligned",
                 None,
@@ -911,7 +932,7 @@ class SessionCore:
         if found is None:
             self._error(
                 out,
-                "item_retrieve_invalid_item_id",
+                error_codes.ITEM_RETRIEVE_INVALID_ITEM_ID,
                 f"no item {record.item_id!r} in this conversation (the server keeps its latest "
                 f"{MAX_ITEMS_KEPT})",
                 record.client_event_id,

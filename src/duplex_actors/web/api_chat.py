@@ -19,53 +19,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import trio
 
+from .. import close_reasons as reasons
+from .. import error_codes
 from ..audio import float_to_pcm16
 from ..model.engine import EngineFamily
+from ..opus.pool import OpusStream
 from ..protocol import api_chat as wire
-from ..protocol import errors
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer
 from ..session import events as ev
-from .connection import CLOSE_CODES, Connection, Transport
+from .connection import Connection, Transport
 from .dialects import Command, Opening, OutboundMessage, WireMessage
 
 log = logging.getLogger(__name__)
 
-# Inbound audio goes to the codec in slices of at most this many bytes (see _handle).
+# Inbound audio goes to the codec in slices of at most this many bytes (see handle_message).
 DECODE_SLICE_BYTES = 2048
 # How long the handshake may wait for the slot's prompt prefill before the session ends (1011),
 # unless the server sets its own (``prepare_timeout_s``: ``--prepare-timeout``, or derived from the
 # prefill time measured at start-up, app.py).
 PREPARE_TIMEOUT_S = 30.0
-# Session close reasons of this dialect (their close codes are in connection.CLOSE_CODES).
-INVALID_AUDIO = "invalid_audio"
-CODEC_LOST = "codec_lost"
-
-
-class OpusStream(Protocol):
-    """One session's Opus decoder and encoder (``duplex_actors.opus.pool.OpusStream``)."""
-
-    async def decode(self, data: bytes) -> npt.NDArray[np.float32]: ...
-
-    async def discard(self, data: bytes) -> None:
-        """Consume ``data`` (header pages count) without decoding audio."""
-        ...
-
-    async def encode(self, pcm: npt.NDArray[np.float32]) -> bytes: ...
-
-    async def aclose(self) -> None: ...
-
-
-class OpusPool(Protocol):
-    """The server's codec worker processes (``duplex_actors.opus.pool.OpusPool``)."""
-
-    async def open_stream(self) -> OpusStream: ...
 
 
 def _codec_errors() -> tuple[type[BaseException], type[BaseException]]:
@@ -100,11 +78,11 @@ class ApiChatDialect:
             )
             family.check_context(prompt)
         except Exception as exc:
-            code = getattr(exc, "code", errors.INVALID_VALUE)
+            code = getattr(exc, "code", error_codes.INVALID_VALUE)
             message = str(exc)
-            if code == errors.INVALID_VOICE and family.voices and "bundled voices" not in message:
+            if code == error_codes.INVALID_VOICE and family.voices and "bundled voices" not in message:
                 message = f"{message}; bundled voices: {', '.join(family.voices)}"
-            param = "voice_prompt" if code == errors.INVALID_VOICE else None
+            param = "voice_prompt" if code == error_codes.INVALID_VOICE else None
             raise ProtocolError(code, message, param=param) from None
         return Opening(config)
 
@@ -112,12 +90,12 @@ class ApiChatDialect:
         return wire.ApiChatProjection(session_id)
 
     def refusal(self, code: str, message: str, client_event_id: str | None = None) -> OutboundMessage:
-        if code == errors.RESOURCE_EXHAUSTED:
+        if code == error_codes.RESOURCE_EXHAUSTED:
             message = f"server busy: {message}"
         return wire.error_message(message)
 
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
-        raise ProtocolError(errors.BAD_EVENT, "/api/chat messages are handled by its connection")
+        raise ProtocolError(error_codes.BAD_EVENT, "/api/chat messages are handled by its connection")
 
     def first_message(self, data: WireMessage) -> Opening:
         return Opening()
@@ -142,24 +120,23 @@ class ApiChatConnection(Connection):
         self.prepare_timeout_source = prepare_timeout_source  # said in the error when it is hit
         self.stream: OpusStream | None = None
         self.ready = False  # the handshake is sent: audio from now on reaches the session
-        self._closing_sent = True  # a drain sends no message of its own: audio, then 1012
         self._send_lock = trio.Lock()
         self._codec_lost_seen = False
         self._last_sent = trio.current_time()
 
-    async def _send_obj(self, message: OutboundMessage) -> None:
+    async def send_message(self, message: OutboundMessage) -> None:
         async with self._send_lock:
-            await super()._send_obj(message)
+            await super().send_message(message)
             self._last_sent = trio.current_time()
 
     async def run(self, opening: Opening | None = None) -> None:
         # The stream first: the reader feeds it from the first message (header pages).
         try:
-            pool: OpusPool = await self.server.get_opus_pool()  # started on first use
+            pool = await self.server.get_opus_pool()  # started on first use
             self.stream = await pool.open_stream()
         except Exception as exc:
             log.error("no Opus stream for an /api/chat connection: %s", exc)
-            await self.refuse(errors.INTERNAL_ERROR, "the audio codec is unavailable", 1011)
+            await self.refuse(error_codes.INTERNAL_ERROR, "the audio codec is unavailable", 1011)
             return
         try:
             await super().run(opening)
@@ -172,30 +149,24 @@ class ApiChatConnection(Connection):
                         log.exception("closing an Opus stream failed")
 
     # -- writing ----------------------------------------------------------------------------------
-    async def _writer(self, projection: Any) -> None:
+    async def write_events(self, projection: Any) -> None:
+        # A drain sends no message of its own: audio, then 1012.
         session = self.session
         assert session is not None
-        closed_seen = False
+        closed: ev.SessionClosed | None = None
         async for event in session.events():
-            if not self.ready and not closed_seen and isinstance(event, ev.SessionUpdated):
+            if not self.ready and isinstance(event, ev.SessionUpdated):
                 # The session's Open is applied, so its slot's reset has been requested.
                 await self._handshake()
             for message in projection.project(event):
                 if isinstance(message, wire.EncodeAudio):
                     await self._send_audio(message)
                 else:
-                    await self._send_obj(message)
+                    await self.send_message(message)
             if isinstance(event, ev.SessionClosed):
-                closed_seen = True
-                code = CLOSE_CODES.get(event.reason)
-                if code is not None:
-                    await self._close(code, event.reason)
+                closed = event
                 break
-        if not closed_seen:
-            reason = session.close_reason or "error"
-            await self._close(CLOSE_CODES.get(reason, 1011), reason)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        await self.end_writing(closed)
 
     async def _handshake(self) -> None:
         session = self.session
@@ -205,19 +176,18 @@ class ApiChatConnection(Connection):
         if waited.cancelled_caught:
             await session.reject(
                 "session.open",
-                errors.INTERNAL_ERROR,
+                error_codes.INTERNAL_ERROR,
                 f"the session's prompt was not prefilled within the prepare timeout of "
                 f"{self.prepare_timeout_s:g} s ({self.prepare_timeout_source})",
             )
-            await session.close("error")
+            await session.close(reasons.ERROR)
             return
         if session.closed or session.close_reason is not None:
             return
         query = self.chat.query
-        await self._send_obj(wire.handshake(query.handshake if query is not None else "python"))
+        await self.send_message(wire.handshake(query.handshake if query is not None else "python"))
         self.ready = True
-        if self._nursery is not None:
-            self._nursery.start_soon(self._keepalive)
+        self.start_soon(self._keepalive)
 
     async def _send_audio(self, message: wire.EncodeAudio) -> None:
         stream = self.stream
@@ -229,20 +199,20 @@ class ApiChatConnection(Connection):
         except _codec_errors()[1]:
             await self._codec_lost()
             return
-        await self._send_obj(wire.audio_message(ogg))
+        await self.send_message(wire.audio_message(ogg))
 
     async def _keepalive(self) -> None:
         """A ping after ``KEEPALIVE_S`` without a message: the model is lockstep, so a client
         that stops sending gets no audio, and the stock UIs close after 10 s of silence."""
-        while self._closed_code is None:
+        while not self.socket_closed:
             due = self._last_sent + wire.KEEPALIVE_S
             if trio.current_time() >= due:
-                await self._send_obj(wire.PING)
+                await self.send_message(wire.PING)
                 continue
             await trio.sleep_until(due)
 
     # -- reading ----------------------------------------------------------------------------------
-    async def _handle(self, data: WireMessage) -> None:
+    async def handle_message(self, data: WireMessage) -> None:
         session = self.session
         assert session is not None
         if self.faults is not None:
@@ -290,10 +260,10 @@ class ApiChatConnection(Connection):
         session = self.session
         assert session is not None
         try:
-            await session.reject("audio", errors.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
+            await session.reject("audio", error_codes.BAD_AUDIO, f"undecodable Ogg/Opus audio: {exc}")
         except trio.ClosedResourceError:
             return
-        await session.close(INVALID_AUDIO)
+        await session.close(reasons.INVALID_AUDIO)
 
     async def _codec_lost(self) -> None:
         session = self.session
@@ -302,11 +272,10 @@ class ApiChatConnection(Connection):
             return
         self._codec_lost_seen = True  # the reader and the writer can both find it out
         try:
-            await session.reject("audio", errors.INTERNAL_ERROR, "the audio codec worker failed")
+            await session.reject("audio", error_codes.INTERNAL_ERROR, "the audio codec worker failed")
         except trio.ClosedResourceError:
             return
-        if self._nursery is not None:
-            self._nursery.start_soon(session.close, CODEC_LOST)
+        self.start_soon(session.close, reasons.CODEC_LOST)
 
 
-__all__ = ["ApiChatConnection", "ApiChatDialect", "OpusPool", "OpusStream"]
+__all__ = ["ApiChatConnection", "ApiChatDialect"]

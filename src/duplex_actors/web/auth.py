@@ -9,6 +9,8 @@ from urllib.parse import unquote_plus
 
 import attrs
 
+from .. import error_codes
+
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 # Where :func:`take_query_key` leaves a key it took out of the query string.
@@ -52,7 +54,7 @@ def check(
         if key is None:
             key = query_key
         if key is None or not hmac.compare_digest(key.encode(), api_key.encode()):
-            return Refusal(401, "unauthorized", "missing or invalid API key")
+            return Refusal(401, error_codes.UNAUTHORIZED, "missing or invalid API key")
     return None
 
 

@@ -28,10 +28,13 @@ from typing import Any
 
 import trio
 
+from .. import close_reasons as reasons
+from .. import error_codes
+from ..admission import LogUnavailable, ResourceExhausted
 from ..counters import Counters
 from ..faults import Faults
 from ..protocol.errors import ProtocolError
-from ..server import DuplexServer, LogUnavailable, ResourceExhausted, SessionHandle, SlotReservation
+from ..server import DuplexServer, SessionHandle, SlotReservation
 from ..session import events as ev
 from .budget import InputBudget, RateLimits
 from .dialects import AppendCommand, Dialect, Opening, OutboundMessage, Projection, WireMessage
@@ -39,16 +42,15 @@ from .dialects import AppendCommand, Dialect, Opening, OutboundMessage, Projecti
 log = logging.getLogger(__name__)
 
 CLOSE_CODES = {
-    "client_close": 1000,
-    "timeout": 1000,
-    "server_shutdown": 1012,
-    "error": 1011,
-    "log_unavailable": 1011,
-    "slow_consumer": 1011,
-    "rate_limited": 1008,
-    # /api/chat's own endings: undecodable Ogg/Opus, and a codec worker process that died
-    "invalid_audio": 1007,
-    "codec_lost": 1011,
+    reasons.CLIENT_CLOSE: 1000,
+    reasons.TIMEOUT: 1000,
+    reasons.SERVER_SHUTDOWN: 1012,
+    reasons.ERROR: 1011,
+    reasons.LOG_UNAVAILABLE: 1011,
+    reasons.SLOW_CONSUMER: 1011,
+    reasons.RATE_LIMITED: 1008,
+    reasons.INVALID_AUDIO: 1007,
+    reasons.CODEC_LOST: 1011,
 }
 
 
@@ -104,6 +106,13 @@ class Transport:
 
 
 class Connection:
+    """One WebSocket connection's reader and writer around its session.
+
+    A dialect that handles its own wire (``web.api_chat.ApiChatConnection``) overrides the hooks
+    ``send_message``, ``write_events`` (the writer task, which ends with ``end_writing``) and
+    ``handle_message`` (one client message), and may use ``start_soon`` and ``socket_closed``.
+    """
+
     def __init__(
         self,
         server: DuplexServer[Any],
@@ -131,10 +140,40 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._budget: InputBudget | None = None  # the reader's, once it reads
 
-    # -- sending ---------------------------------------------------------------------------------
-    async def _send_obj(self, message: OutboundMessage) -> None:
+    # -- hooks ---------------------------------------------------------------------------------
+    async def send_message(self, message: OutboundMessage) -> None:
+        """Send one message by itself (a refusal; the writer sends its batches in one write)."""
         await self.transport.send(_wire(message))
 
+    # -- for the hooks ---------------------------------------------------------------------------
+    @property
+    def socket_closed(self) -> bool:
+        """Whether the WebSocket close has been sent."""
+        return self._closed_code is not None
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run a task beside the reader and the writer (nothing once the connection has ended)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def end_writing(self, closed: ev.SessionClosed | None) -> None:
+        """The writer's end: close the socket with the code of the session's close reason
+        (``closed``, or the session's own when its ``SessionClosed`` never reached the writer)
+        and stop the reader."""
+        assert self.session is not None
+        if closed is not None:
+            code = CLOSE_CODES.get(closed.reason)
+            if code is not None:
+                await self._close(code, closed.reason)
+        else:
+            # The session ended without its events reaching us (the outbox overflowed: a slow
+            # consumer): the socket still gets the close code of why it ended.
+            reason = self.session.close_reason or reasons.ERROR
+            await self._close(CLOSE_CODES.get(reason, 1011), reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # -- sending ---------------------------------------------------------------------------------
     async def _close(self, code: int, reason: str = "") -> None:
         if self._closed_code is None:
             self._closed_code = code
@@ -145,7 +184,7 @@ class Connection:
         self, code: str, message: str, close_code: int, client_event_id: str | None = None
     ) -> None:
         self.counters.refused[code] += 1
-        await self._send_obj(self.dialect.refusal(code, message, client_event_id))
+        await self.send_message(self.dialect.refusal(code, message, client_event_id))
         await self._close(close_code, code)
 
     # -- the connection --------------------------------------------------------------------------
@@ -162,22 +201,22 @@ class Connection:
                 reservation=self.reservation,
             )
         except ResourceExhausted as exc:
-            await self.refuse("resource_exhausted", str(exc), 1013)
+            await self.refuse(error_codes.RESOURCE_EXHAUSTED, str(exc), 1013)
             return
         except LogUnavailable as exc:
-            await self.refuse("log_unavailable", str(exc), 1011)
+            await self.refuse(error_codes.LOG_UNAVAILABLE, str(exc), 1011)
             return
         projection = self.dialect.projection(self.session.session_id)
-        reason = "disconnect"  # the handler is cancelled when the client's socket drops
+        reason = reasons.DISCONNECT  # the handler is cancelled when the client's socket drops
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._writer, projection)
+                nursery.start_soon(self.write_events, projection)
                 if opening.pending is not None:
-                    await self._handle(opening.pending)
+                    await self.handle_message(opening.pending)
                 await self._reader()
         except Exception:
-            reason = "error"
+            reason = reasons.ERROR
             raise
         finally:
             self._nursery = None  # closed: a late drain() must not start tasks in it
@@ -190,17 +229,18 @@ class Connection:
         self.draining = True
         if self.session is not None and self._nursery is not None and not self.session.closed:
             try:
-                self._nursery.start_soon(self.session.close, "server_shutdown")
+                self._nursery.start_soon(self.session.close, reasons.SERVER_SHUTDOWN)
             except RuntimeError:  # the connection is finishing on its own
                 pass
 
-    async def _writer(self, projection: Projection) -> None:
-        """Project the session's events and send them: what is already queued when the writer
-        wakes (a tick's frame and its transcript, a burst after a stall) goes in one write."""
+    async def write_events(self, projection: Projection) -> None:
+        """The writer task: project the session's events and send them until the session closes,
+        then :meth:`end_writing`. What is already queued when the writer wakes (a tick's frame
+        and its transcript, a burst after a stall) goes in one write."""
         assert self.session is not None
         events = self.session.events()
-        closed_seen = False
-        while not closed_seen:
+        closed: ev.SessionClosed | None = None
+        while closed is None:
             try:
                 event = await events.receive()
             except trio.EndOfChannel:
@@ -209,12 +249,12 @@ class Connection:
             while True:
                 if self.draining and not self._closing_sent:
                     self._closing_sent = True
-                    closing = projection.closing_event("server_shutdown")
+                    closing = projection.closing_event(reasons.SERVER_SHUTDOWN)
                     if closing is not None:
                         batch.append(_wire(closing))
                 batch.extend(_wire(message) for message in projection.project(event))
                 if isinstance(event, ev.SessionClosed):
-                    closed_seen = True
+                    closed = event
                     break
                 if len(batch) >= MAX_BATCH_MESSAGES:
                     break
@@ -224,18 +264,7 @@ class Connection:
                     break
             if batch:
                 await self.transport.send_many(batch)
-            if closed_seen:
-                assert isinstance(event, ev.SessionClosed)
-                code = CLOSE_CODES.get(event.reason)
-                if code is not None:
-                    await self._close(code, event.reason)
-        if not closed_seen:
-            # The session ended without its events reaching us (the outbox overflowed: a slow
-            # consumer): the socket still gets the close code of why it ended.
-            reason = self.session.close_reason or "error"
-            await self._close(CLOSE_CODES.get(reason, 1011), reason)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        await self.end_writing(closed)
 
     async def _reader(self) -> None:
         session = self.session
@@ -263,7 +292,7 @@ class Connection:
                 with trio.move_on_after(IDLE_GRACE_S) as grace:
                     data = await self.transport.receive()
                 if grace.cancelled_caught:
-                    await session.close("timeout")
+                    await session.close(reasons.TIMEOUT)
                     return
             if data is not _NOTHING and not await self._admit_and_handle(budget, data):
                 return
@@ -280,7 +309,7 @@ class Connection:
                 return False
             # The socket is not read meanwhile: TCP pushes back.
             await trio.sleep(max(delay, HOLD_QUANTUM_S))
-        await self._handle(data)
+        await self.handle_message(data)
         if session.closed:
             return False
         if budget.persistent(trio.current_time(), session.input_held_since):
@@ -313,12 +342,13 @@ class Connection:
         )
         log.warning("session %s: rate limited, closing", self.session.session_id)
         try:
-            await self.session.reject("connection", "rate_limited", message)
+            await self.session.reject("connection", error_codes.RATE_LIMITED, message)
         except trio.ClosedResourceError:
             return
-        await self.session.close("rate_limited")
+        await self.session.close(reasons.RATE_LIMITED)
 
-    async def _handle(self, data: WireMessage) -> None:
+    async def handle_message(self, data: WireMessage) -> None:
+        """Handle one client message that the input budget admitted."""
         session = self.session
         assert session is not None
         if self.faults is not None:

@@ -15,8 +15,10 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..protocol import codec, errors
-from ..protocol import events as pe
+from .. import close_reasons as reasons
+from .. import error_codes
+from ..protocol import audio_formats, conversation_items, parsing, session_config
+from ..protocol import wire_events as pe
 from ..protocol.errors import ProtocolError
 from ..server import SessionHandle
 from ..session import events as ev
@@ -100,7 +102,7 @@ async def read_opening(dialect: Dialect, receive: Callable[[], Awaitable[WireMes
         return Opening()
     with trio.move_on_after(CONFIG_TIMEOUT_S):
         return dialect.first_message(await receive())
-    raise ProtocolError(errors.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
+    raise ProtocolError(error_codes.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
 
 
 @attrs.frozen(slots=True)
@@ -138,10 +140,10 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
     is answered as OpenAI answers one during a response."""
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
-        audio, fmt, rate = codec.decode_append(event, config)
-        return AppendCommand(audio, fmt, rate, eid, codec.append_pad_ms(event))
+        audio, fmt, rate = audio_formats.decode_append(event, config)
+        return AppendCommand(audio, fmt, rate, eid, audio_formats.append_pad_ms(event))
     if isinstance(event, pe.SessionUpdate):
-        cfg = codec.normalize_session_config(event.session, client_event_id=eid)
+        cfg = session_config.normalize_session_config(event.session, client_event_id=eid)
         return lambda s: s.update(cfg, client_event_id=eid)
     if isinstance(event, pe.InputAudioBufferClear):
         return lambda s: s.clear_input(client_event_id=eid)
@@ -155,14 +157,14 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         truncated, index, end_ms = event.item_id, event.content_index, event.audio_end_ms
         if index < 0 or end_ms < 0:
             raise ProtocolError(
-                errors.INVALID_VALUE,
+                error_codes.INVALID_VALUE,
                 "content_index and audio_end_ms must not be negative",
                 event_type=event.TYPE,
                 client_event_id=eid,
             )
         return lambda s: s.truncate(truncated, index, end_ms, client_event_id=eid)
     if isinstance(event, pe.ConversationItemCreate):
-        role, text, item_id = codec.text_item(event)
+        role, text, item_id = conversation_items.text_item(event)
         return lambda s: s.add_text_item(role, text, item_id=item_id, client_event_id=eid)
     if isinstance(event, pe.ConversationItemRetrieve):
         retrieved = event.item_id
@@ -173,14 +175,14 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         payload = dict(event.payload)
         return lambda s: s.playback_ack(payload, client_event_id=eid)
     if isinstance(event, pe.SessionClose):
-        return lambda s: s.close("client_close")
+        return lambda s: s.close(reasons.CLIENT_CLOSE)
     if isinstance(event, pe.SessionEventAck):
         return _acknowledged
     if isinstance(event, pe.InputAudioBufferCommit):
         return lambda s: _refuse_commit(s, eid)
     if isinstance(event, pe.ResponseCreate) and stock:
         raise ProtocolError(
-            errors.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+            error_codes.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
             "the model is always responding (a lockstep duplex model): there is an active response "
             "already, and its audio goes on frame by frame",
             event_type=event.TYPE,
@@ -188,19 +190,21 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         )
     if isinstance(event, pe.ResponseCreate):
         raise ProtocolError(
-            errors.RESPONSE_CREATE_UNSUPPORTED,
+            error_codes.RESPONSE_CREATE_UNSUPPORTED,
             "response.create is meaningless for a lockstep duplex model: it always responds",
             event_type=event.TYPE,
             client_event_id=eid,
         )
     if isinstance(event, pe.SessionCreate):
         raise ProtocolError(
-            errors.BAD_EVENT,
+            error_codes.BAD_EVENT,
             "session.create is only valid as the first message",
             event_type=event.TYPE,
             client_event_id=eid,
         )
-    raise ProtocolError(errors.UNKNOWN_EVENT, f"unhandled event {type(event).__name__}", client_event_id=eid)
+    raise ProtocolError(
+        error_codes.UNKNOWN_EVENT, f"unhandled event {type(event).__name__}", client_event_id=eid
+    )
 
 
 async def _acknowledged(session: SessionHandle) -> None:
@@ -214,10 +218,10 @@ async def _refuse_commit(session: SessionHandle, client_event_id: str | None) ->
     queues them without waiting for the session)."""
     await session.wait_handled()
     if session.core.buffered_samples == 0:
-        code = errors.INPUT_AUDIO_BUFFER_EMPTY
+        code = error_codes.INPUT_AUDIO_BUFFER_EMPTY
         message = "input_audio_buffer.commit: the input audio buffer is empty"
     else:
-        code = errors.COMMIT_UNSUPPORTED
+        code = error_codes.COMMIT_UNSUPPORTED
         message = (
             "input_audio_buffer.commit is meaningless for a lockstep duplex model: audio is "
             "consumed frame by frame as it arrives"
@@ -238,7 +242,7 @@ class RealtimeDialect:
         beta: bool,
         autostart: bool = True,
         duplex: bool = False,
-        max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+        max_message_bytes: int = parsing.MAX_MESSAGE_BYTES,
     ) -> None:
         from ..protocol.realtime import RealtimeProjection, refusal_error
 
@@ -266,10 +270,10 @@ class RealtimeDialect:
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if not isinstance(data, str):
             raise ProtocolError(
-                errors.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
+                error_codes.BAD_EVENT, "binary messages are not part of the Realtime dialect; send JSON text"
             )
         return _command(
-            codec.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
+            parsing.parse_client_text(data, dialect="realtime", max_message_bytes=self.max_message_bytes),
             config,
             stock=not self.duplex,
         )
@@ -279,14 +283,16 @@ class RealtimeDialect:
         other first message opens a default session and is then processed normally."""
         if isinstance(data, str):
             try:
-                event = codec.parse_client_text(
+                event = parsing.parse_client_text(
                     data, dialect="realtime", max_message_bytes=self.max_message_bytes
                 )
             except ProtocolError:
                 return Opening(pending=data)
             if isinstance(event, pe.SessionUpdate):
                 try:
-                    cfg = codec.normalize_session_config(event.session, client_event_id=event.event_id)
+                    cfg = session_config.normalize_session_config(
+                        event.session, client_event_id=event.event_id
+                    )
                 except ProtocolError:
                     return Opening(pending=data)
                 return Opening(cfg, None, event.event_id)
@@ -299,7 +305,7 @@ def _pcm16_output_only(cfg: Mapping[str, Any], *, client_event_id: str | None = 
     fmt = cfg.get("output_audio_format")
     if fmt is not None and fmt != "pcm16":
         raise ProtocolError(
-            errors.UNSUPPORTED_AUDIO_FORMAT,
+            error_codes.UNSUPPORTED_AUDIO_FORMAT,
             f"/v1/duplex sends pcm16 at 24000 Hz only; {fmt} output is offered on /v1/realtime",
             param="session.output_audio_format",
             client_event_id=client_event_id,
@@ -314,7 +320,7 @@ class NativeDialect:
     first_message_timeout_message = f"send session.create within {CONFIG_TIMEOUT_S:.0f} s"
 
     def __init__(
-        self, *, capabilities: dict[str, Any], max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+        self, *, capabilities: dict[str, Any], max_message_bytes: int = parsing.MAX_MESSAGE_BYTES
     ) -> None:
         self.capabilities = capabilities
         self.max_message_bytes = max_message_bytes
@@ -333,28 +339,30 @@ class NativeDialect:
 
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
-            audio = codec.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
-            fmt, rate = codec.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
+            audio = parsing.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
+            fmt, rate = audio_formats.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
             return AppendCommand(audio, fmt, rate)
-        event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
+        event = parsing.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if isinstance(event, pe.SessionUpdate):
-            _pcm16_output_only(codec.normalize_session_config(event.session, client_event_id=event.event_id))
+            _pcm16_output_only(
+                session_config.normalize_session_config(event.session, client_event_id=event.event_id)
+            )
         return _command(event, config)
 
     def first_message(self, data: WireMessage) -> Opening:
         """The first message must be ``session.create``; raises ProtocolError otherwise."""
         if not isinstance(data, str):
-            raise ProtocolError(errors.BAD_EVENT, "the first message must be session.create (JSON text)")
-        event = codec.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
+            raise ProtocolError(error_codes.BAD_EVENT, "the first message must be session.create (JSON text)")
+        event = parsing.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if not isinstance(event, pe.SessionCreate):
             raise ProtocolError(
-                errors.BAD_EVENT,
+                error_codes.BAD_EVENT,
                 f"the first message must be session.create, got {event.TYPE}",
                 client_event_id=event.event_id,
             )
         self.binary_output = bool(event.binary_output)
         self.output = {"binary_output": self.binary_output}
-        cfg = codec.normalize_session_config(
+        cfg = session_config.normalize_session_config(
             event.session, client_event_id=event.event_id, event_type=event.TYPE
         )
         _pcm16_output_only(cfg, client_event_id=event.event_id)

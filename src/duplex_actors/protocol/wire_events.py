@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Final, Literal
 
 import attrs
 
-Dialect = Literal["realtime", "native"]
+DialectName = Literal["realtime", "native"]  # the JSON dialects (/api/chat is binary)
 OMIT_IF_NONE: Final = "omit_if_none"
 SCHEMA: Final = "schema"
 
