@@ -18,7 +18,7 @@ worker core, whatever the engine (on a GPU machine the engine no longer shares t
     .venv/bin/python bench/api_chat_capacity.py [--seconds 10] [--max-n 32] [--json out.json]
     .venv/bin/python bench/api_chat_capacity.py --quick      # a smoke run: N = 1, 2, 3 s trials
 
-Target (issue 14): api-chat's largest N >= 75 % of the Realtime dialect's.
+Target: api-chat's largest N >= 75 % of the Realtime dialect's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Where the time of one client message goes, in CPU time (issue 12's per-append path, issue 13
-items 2 and 3).
+"""Where the time of one client message goes, in CPU time: the per-append path from the socket to
+the session's log and back.
 
 Everything is measured as CPU time of the thread that does the work (``time.thread_time``, or
 the server's main thread from ``/proc/PID/task/PID/stat``), never as wall time, so that the

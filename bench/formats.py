@@ -2,7 +2,7 @@
 
 64 sessions of 48 kHz pcm16 input (InputStream: decode + soxr 48k -> 24k) plus 64 sessions of
 G.711 mu-law output (OutputStream: soxr 24k -> 8k + encode), one frame each per tick, as the
-session cores and projections do them. Budget (issue 15): under 5 ms of CPU per tick in all.
+session cores and projections do them. Budget: under 5 ms of CPU per tick in all.
 
     python bench/formats.py [--sessions 64] [--ticks 200]
 """

@@ -19,7 +19,7 @@ held on the first slot count (``--slots 32,8``: 32) the next one is tried while 
     python bench/gpu_serving.py [--slots 32,8] [--seconds 8] [--budget 280]
     python bench/gpu_serving.py --dry-run-cpu      # the same path on CPU, tiny dims, float32
 
-**Arms** (the default, ``--mode arms``; issue 12's arms as ``bench/serving.py`` names them):
+**Arms** (the default, ``--mode arms``; the arms as ``bench/serving.py`` names them):
 one server per tick policy, of B slots, each arm one ``duplex-load`` trial of N = B sessions
 (no ramp: the 5 minutes hold one server build per policy and a trial per arm). B is the largest
 of ``--slots`` whose p90 engine step (``duplex_step_duration_seconds`` over the first grid trial)
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=280.0, help="seconds for the whole run")
     parser.add_argument("--dry-run-cpu", action="store_true", help="tiny dims, float32, on CPU")
     parser.add_argument(
-        "--mode", choices=("arms", "ramp"), default="arms", help="issue 12's arms, or one ramp"
+        "--mode", choices=("arms", "ramp"), default="arms", help="the tick-policy arms, or one ramp"
     )
     parser.add_argument("--arms", default="all", help="arms mode: comma list (bench/serving.py's names)")
     parser.add_argument("--seed", type=int, default=0, help="arms mode: seed of random phases and jitter")

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The one command for the lent GPU machine (Python 3.12, torch 2.11, no moshi, no duplex_actors,
-# no server stack): serve the full-size random-weight PersonaPlex architecture and run issue 12's
-# arms against it at the largest B whose p90 step fits (bench/gpu_serving.py; `--mode ramp`: the
+# One command for a CUDA machine without internet access (Python 3.12 with torch, nothing else
+# installed): serve the full-size random-weight PersonaPlex architecture and run the tick-policy
+# arms (bench/serving.py) against it at the largest B whose p90 step fits (bench/gpu_serving.py; `--mode ramp`: the
 # former `duplex-load --ramp --sync-start`), within 5 minutes.
 #
 # First, here (fills the git-ignored .whl/ with cp312 wheels: bench/gpu_wheels.sh's moshi set
 # plus the server and client stack below, ~25 MiB in all):
 #   bash bench/gpu_serving.sh --fetch-wheels
-# Then one device `run` with
-#   command: bash bench/gpu_serving.sh        carry: [".whl"]        timeout_s: ~320
+# Then, on the CUDA machine, with .whl/ copied beside the checkout:
+#   bash bench/gpu_serving.sh                 (about 5 minutes)
 # Extra arguments go to bench/gpu_serving.py (e.g. --slots 16 --seconds 6).
 # A check of the whole path on CPU here, tiny dims, without the wheels:
 #   PYTHON=.venv/bin/python SKIP_WHEELS=1 bash bench/gpu_serving.sh --dry-run-cpu

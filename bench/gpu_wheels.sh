@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download into .whl/ the wheels that the GPU machine (Python 3.12, torch 2.11, no moshi)
-# lacks, for bench/run_gpu.sh. .whl/ is git-ignored; pass it in the device call's `carry`.
+# lacks, for bench/run_gpu.sh. .whl/ is git-ignored; copy it beside the checkout on the CUDA machine.
 #
 # Pinned to the versions of the local .venv. moshi is installed with --no-deps there, so
 # only what `import moshi.models` and duplex_actors.model import is carried; the rest of

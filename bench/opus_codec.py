@@ -2,7 +2,7 @@
 
 The signal is speech: an espeak-ng WAV (resampled to 24 kHz) when espeak-ng is installed, else a
 synthetic voiced signal (harmonics of a gliding 90-220 Hz pitch with syllable envelopes). sphn's
-encoder costs much less on a steady tone than on speech (notes/moshi-api-chat.md §3), so the
+encoder costs much less on a steady tone than on speech, so the
 signal matters.
 
 1. In-process: one session's encode (1920 samples -> Ogg pages) and decode (those pages -> pcm),

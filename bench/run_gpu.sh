@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The one command for the GPU machine (Python 3.12, torch 2.11, no moshi, no duplex_actors).
-# First, here: bench/gpu_wheels.sh (fills the git-ignored .whl/). Then a device `run` with
-#   command: bash bench/run_gpu.sh        carry: [".whl"]        timeout_s: ~330
+# One command for a CUDA machine without internet access (Python 3.12 with torch, nothing else).
+# First, on a machine with a package index: bench/gpu_wheels.sh (fills the git-ignored .whl/).
+# Then, on the CUDA machine, with .whl/ copied beside the checkout: bash bench/run_gpu.sh
 # Extra arguments go to bench/engine_gpu.py (e.g. --batches 1,8 --steps 10).
 #
 # NO_TORCH_COMPILE=1: moshi would torch.compile its RMSNorm on CUDA; with CUDA graphs on

@@ -2,7 +2,7 @@
 
 One command, three measurements side by side in one run:
 
-1. **Largest N sustained in real time, per arm** (issue 12, "What it must show"). An arm is a
+1. **Largest N sustained in real time, per arm**. An arm is a
    server tick policy (``--tick-policy``) and what ``duplex-load`` sends (``--chunk-ms``,
    ``--phases``, ``--align``, ``--jitter``): window/sync (the reference), window/spread,
    deadline/spread, grid + client alignment with 80 ms chunks at spread phases, grid + server
@@ -19,7 +19,7 @@ One command, three measurements side by side in one run:
    ``input_samples_end``), no lost frame, every session opened; one retry of a trial that broke;
    ``--torch-threads 1`` per server. Per trial also: steps per tick (docs/operations.md's
    definition), the added wait (``duplex_frame_wait_seconds``), catch-up steps, alignment pad
-   seconds and drained frames, from /metrics deltas; then issue 12's targets, met or not.
+   seconds and drained frames, from /metrics deltas; then the targets (BENCHMARKS.md, "Targets not met"), met or not.
    The arms' ramps run interleaved (each round one trial of every arm not yet done), so that a
    slow hour of a shared host falls on every arm alike and the targets' ratios compare figures
    from the same minutes; ``--sequential`` runs one whole ramp after the other.
@@ -540,7 +540,7 @@ def with_retry(run: Callable[[int], dict[str, Any]], retries: int) -> Callable[[
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One served configuration of issue 12's "What it must show": a tick policy on the server
+    """One served configuration: a tick policy on the server
     and what ``duplex-load`` sends (chunk size, start phases, ``duplex.alignment``, injected
     jitter); ``processes``: K servers of one slot, one session each (the control)."""
 
@@ -659,7 +659,7 @@ def run_arms_interleaved(
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Every arm's ramp at once, in rounds: each round runs the next trial of every arm whose
     ramp is not done, so a slow hour of a shared host falls on all arms alike and the ratios
-    between them (issue 12's targets) are measured over the same minutes."""
+    between them (the targets) are measured over the same minutes."""
     searches = {a.name: Ramp(caps(a), ramp_step(a)) for a in arms}
     tests = {a.name: arm_test(a, model, seconds, retries, seed, workdir, pool, serve_args) for a in arms}
     busy = dict.fromkeys(searches, 0.0)
@@ -766,7 +766,7 @@ def print_arms(arms: dict[str, dict[str, Any]], seconds: float, smoke: bool = Fa
     checks = [] if smoke else arm_checks(arms)
     if checks:
         print()
-        print("| target (issue 12) | measured | met |")
+        print("| target | measured | met |")
         print("|---|---:|:---:|")
         for what, got, ok in checks:
             print(f"| {what} | {got} | {'-' if ok is None else 'yes' if ok else 'NO'} |")
@@ -1108,7 +1108,7 @@ def main(argv: list[str] | None = None) -> int:
         results["arms"] = arms
         results["serve_args"] = args.serve_args
         if "capacity" not in skip:
-            log("part 1: the arms (issue 12), largest N in real time each")
+            log("part 1: the arms, largest N in real time each")
             selected = [arm for arm in ARMS if arm.name in chosen]
             retries = 0 if args.smoke else args.retries
             serve_args = shlex.split(args.serve_args)

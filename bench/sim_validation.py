@@ -5,7 +5,7 @@ For each tick policy and N: one ``duplex-actors serve --model tiny --max-session
 i*80/N ms, duplex-load's default) for ``--seconds``; steps per tick (steps / (frames stepped /
 sessions)) from the server's /metrics deltas over the run (the warm-up session taken away),
 against ``tick_sim.py``'s simulation of the same scenario (80 ms chunks, spread phases,
-loopback jitter, no alignment) with its fitted step cost. The issue 12 bar: within 15 %.
+loopback jitter, no alignment) with its fitted step cost. The bar: within 15 %.
 
     .venv/bin/python bench/sim_validation.py [--policies window,deadline,grid] [--n 4,8] [--seconds 8]
 

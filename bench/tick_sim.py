@@ -26,7 +26,7 @@ sessions), the definition /metrics and duplex-load use), the mean and p99 added 
 (completion to the start of its step), catch-up steps, drained frames, the mean pad per session,
 the mean (max) margin the sessions ended with, and the re-alignments after the first. The
 defaults for a and b are a least-squares fit of the tiny model's median step times on the 2-core CPU box (BENCHMARKS.md,
-"Engine on CPU", bench/engine.py, 2026-11-30). The model leaves out the event loop's own work
+"Component costs (2-core CPU VM)", bench/engine.py, 2026-11-30). The model leaves out the event loop's own work
 (the GIL it shares with the engine thread), the client and the network, so served capacity is
 lower than simulated; steps per tick and waits are what it is for.
 

@@ -40,7 +40,7 @@ def test_serve_reaches_ready_after_the_engines_warm_up_and_stops_on_sigterm(tmp_
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # serve takes its settings from its flags: a bad variable of the hypercorn entry is ignored.
+        # A flag wins over its variable: the bad DUPLEX_MAX_SESSIONS is never read.
         env={**os.environ, "DUPLEX_MAX_SESSIONS": "abc"},
     )
     try:

@@ -1,4 +1,4 @@
-"""Admission with ``--max-sessions 2`` (spec §2, §6): the third session is refused with
+"""Admission with ``--max-sessions 2`` (docs/protocol.md §2, §6): the third session is refused with
 ``resource_exhausted`` and close 1013 and writes no log; a replacement opened right after
 ``session.closed`` is admitted; open/close cycles, abrupt disconnects included, hold no slot."""
 

@@ -1,5 +1,5 @@
 """``WS /api/chat`` against a real ``duplex-actors serve --model tiny-parrot``: one test per row
-of spec §9 (handshake timing and length, every client framing, pre-handshake audio, ignored
+of docs/protocol.md §9 (handshake timing and length, every client framing, pre-handshake audio, ignored
 kinds, the refusals and close codes, auth by query key, drain, metrics, replay).
 
 The client framings are made as each real client makes them: sphn 0.2's writer (moshi.client:

@@ -1,6 +1,6 @@
 """PyPI ``moshi==0.2.13``'s own client, unmodified, against ``duplex-actors serve`` on ``/api/chat``.
 
-``moshi.client.run`` is awaited as is (notes/moshi-api-chat.md section 2 (a)): a bare ``moshi``
+``moshi.client.run`` is awaited as is (docs/protocol.md §9): a bare ``moshi``
 package is registered in ``sys.modules`` with ``__path__`` = the installed ``moshi/`` folder, so
 the heavy ``moshi/__init__.py`` never runs; ``sounddevice`` (which needs PortAudio) is replaced
 by a module whose ``InputStream``/``OutputStream`` are threads calling the client's own

@@ -1,4 +1,4 @@
-"""Audio on the wire (spec §3): chunking independence with the parrot model, every refusal of
+"""Audio on the wire (docs/protocol.md §3): chunking independence with the parrot model, every refusal of
 the audio rules (the session stays usable), input backpressure, and refusals of events the
 lockstep model has no use for; the client's ``event_id`` is echoed in every refusal."""
 

@@ -1,4 +1,4 @@
-"""API key and Origin allowlist on every WebSocket route, refused before the upgrade (spec §6):
+"""API key and Origin allowlist on every WebSocket route, refused before the upgrade (docs/protocol.md §6):
 HTTP 401 without a (right) key, 403 for an Origin not on the list."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Close codes of spec §6 that need server flags: idle timeout (``--idle-timeout 1``) closes with
+"""Close codes of docs/protocol.md §6 that need server flags: idle timeout (``--idle-timeout 1``) closes with
 ``session.closed {reason: timeout}`` and 1000; a message over ``--max-message-bytes`` closes
 with 1009. (Client ``session.close`` -> 1000 and admission -> 1013 are in the other modules.)"""
 
@@ -88,7 +88,7 @@ async def test_a_message_over_the_limit_closes_with_1009(strict_server, binary):
             await c.send_raw('{"type":"input_audio_buffer.append","audio":"' + b64(data) + '"}')
         await c.wait_closed()
         assert c.close_code == 1009
-        assert c.types(before) == [], c.types(before)  # spec §6: no events, just the close
+        assert c.types(before) == [], c.types(before)  # docs/protocol.md §6: no events, just the close
         session_id = c.session_id
     await wait_idle(strict_server)
     recs = await read_records(strict_server, session_id)

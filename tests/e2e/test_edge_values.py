@@ -1,4 +1,4 @@
-"""Values a hostile client can send that once killed its own session (issue 13): refused at the
+"""Values a hostile client can send that once killed its own session (docs/design.md §2 "Budgets and hardening"): refused at the
 edge with one documented code, and the session goes on streaming."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Phone-line and browser audio through ``duplex-actors serve --model tiny-parrot`` with the stock
-openai SDK (spec §3): G.711 mu-law at 8 kHz in 20 ms packets in and out, and 48 kHz pcm16 in 10 ms
+openai SDK (docs/protocol.md §3): G.711 mu-law at 8 kHz in 20 ms packets in and out, and 48 kHz pcm16 in 10 ms
 chunks; the logs show the parrot answering the input's codes one frame late and replay exactly."""
 
 from __future__ import annotations

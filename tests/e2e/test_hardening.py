@@ -1,4 +1,4 @@
-"""The measured traps of hypercorn + quart-trio (notes/serving-hardening.md), each pinned down."""
+"""The measured traps of hypercorn + quart-trio (docs/design.md §2 "Budgets and hardening"), each pinned down."""
 
 from __future__ import annotations
 

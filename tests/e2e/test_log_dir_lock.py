@@ -1,4 +1,4 @@
-"""Two servers on one --log-dir (issue 13 item 12): the second refuses to start, the first is untouched."""
+"""Two servers on one --log-dir (docs/design.md §2 "Budgets and hardening"): the second refuses to start, the first is untouched."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The native dialect ``/v1/duplex`` (spec §5): ``session.create`` first, binary audio both ways,
+"""The native dialect ``/v1/duplex`` (docs/protocol.md §5): ``session.create`` first, binary audio both ways,
 ``session.close``; and its refusals (bad first message, ``config_timeout``)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Realtime dialect end to end: handshake, capabilities, autostart, lockstep accounting,
-cancel / output-buffer clear epochs, voice and persona rules, GA vs beta names (spec §2-§4)."""
+cancel / output-buffer clear epochs, voice and persona rules, GA vs beta names (docs/protocol.md §2-§4)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ async def test_autostart_0_other_first_message_opens_a_default_session_and_is_pr
 
 async def test_autostart_0_invalid_first_session_update_echoes_its_event_id(parrot_server):
     """The opening ``session.update`` is refused (bad voice): the error must echo the client's
-    ``event_id`` like every refusal (spec §4), and ``session.created`` still opens the stream."""
+    ``event_id`` like every refusal (docs/protocol.md §4), and ``session.created`` still opens the stream."""
     async with connect(f"{parrot_server.ws}/v1/realtime?autostart=0") as c:
         await c.send({"type": "session.update", "event_id": "bad-open", "session": {"voice": "../x.pt"}})
         await c.wait_for("session.updated")

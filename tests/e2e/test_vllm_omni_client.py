@@ -1,4 +1,4 @@
-"""vLLM-Omni's own duplex client, unmodified, against ``duplex-actors serve`` (spec §8).
+"""vLLM-Omni's own duplex client, unmodified, against ``duplex-actors serve`` (docs/protocol.md §8).
 
 The set-up downloads the ``vllm-omni`` wheel from PyPI (``pip download --no-deps``, once per
 test run), unpacks only ``vllm_omni/clients/`` and registers a bare ``vllm_omni`` package whose

@@ -1,4 +1,4 @@
-"""vLLM-Omni compatibility on ``?duplex=1`` (spec §8): server_event_seq, response.speak, the
+"""vLLM-Omni compatibility on ``?duplex=1`` (docs/protocol.md §8): server_event_seq, response.speak, the
 audio-delta metadata, session.event_ack; and that connections without it see none of it."""
 
 from __future__ import annotations

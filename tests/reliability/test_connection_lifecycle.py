@@ -1,4 +1,4 @@
-"""The connection's life at the transport (issue 13 items 5, 8, 9, 11): request bodies that never
+"""The connection's life at the transport (docs/design.md §2 "Budgets and hardening"): request bodies that never
 come, close frames lost to a reset, refusal churn, a process paused past the idle timeout.
 
 Each test runs real ``duplex-actors serve`` processes (``tiny-parrot``) on loopback; every wait is

@@ -279,7 +279,7 @@ async def test_slow_consumer_is_closed_within_its_bound_and_others_keep_real_tim
     assert steps <= OUTBOX_EVENTS + in_kernel + 4, (steps, in_kernel)
     assert fired_s is not None and fired_s < TCP_USER_TIMEOUT_S
     assert loaded["failed_sessions"] == 0 and loaded["lost_frames"] == 0 and loaded["coverage"] >= 0.99
-    # The project's bar for what one client may cost the others (DESIGN decision 11, issue 13):
+    # The project's bar for what one client may cost the others (docs/design.md §4, decision 11):
     # their p99 below 2x the no-attack baseline. A tighter 1.5x failed a fresh-clone CI run at
     # 1.56x (p99 61 -> 95 ms over 2 x 100 frames, i.e. the 2nd-highest sample) with p50 53 -> 59 ms.
     assert ratio < 2.0, (baseline["round_trip_ms"], loaded["round_trip_ms"])

@@ -1,4 +1,4 @@
-"""Hostile input (issue 13 items 1, 2, 3, 6, 7, 14; decision 11): a client flooding full frames, a
+"""Hostile input (docs/design.md §4, decision 11): a client flooding full frames, a
 storm of one-sample appends, a stream of session.updates that grow the config without bound or
 carry values the model cannot take, or a 60 s upload in a fraction of a second must not spend
 the other sessions' time, nor fill the log disk with refused audio.
@@ -167,7 +167,7 @@ async def test_floods_are_pushed_back_log_little_and_leave_others_their_time(
             # the bound is per second (162-166 KB/s measured, with the reference load's).
             assert figures["log_bytes_per_s"] < 500_000, figures
         assert loaded["lost_frames"] == 0
-    # Decision 11 / issue 13 item 2: under either flood the reference keeps its time.
+    # docs/design.md decision 11: under either flood the reference keeps its time.
     for mode, values in ratios.items():
         assert sorted(values)[len(values) // 2] < 2.0, (mode, values)
 

@@ -1,7 +1,7 @@
 """The log dir against a real server process: a dir where no log can be created (injected
 ENOSPC, or a small tmpfs that really fills: ``slow``), the re-probe that resumes admissions, live
 logs that another process's retention cannot delete, and control acknowledgements that wait for
-their record's commit (issue 13 items 4, 12, 13)."""
+their record's commit (docs/design.md §2 "Budgets and hardening")."""
 
 from __future__ import annotations
 

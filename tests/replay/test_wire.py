@@ -195,8 +195,8 @@ def wire_digests() -> dict[str, str]:
     return out
 
 
-# Recorded against b363dc7 (issue 11: the rewrite kept every byte); the Realtime variants were
-# re-recorded once on purpose when audio deltas started to state their `format` (issue 15), and the
+# Recorded against b363dc7 (a rewrite of the projections kept every byte); the Realtime variants were
+# re-recorded once on purpose when audio deltas started to state their `format`, and the
 # stock variants (ga, beta) once more when the stock route began to send only what OpenAI's types
 # validate (protocol/realtime.py): no session.closing, OpenAI's response.done reasons, ...
 EXPECTED: dict[str, str] = {
@@ -236,7 +236,7 @@ EXPECTED: dict[str, str] = {
     "synthetic/native": "5597bb6bf6ee07eb5c7dbddcce74bf4028b39d7aa04eb2736c626e035104d8f2",
     "synthetic/native-binary": "aa7e01865b613660f73e91ebdcc0c64297ffdf28017616777ba0d79ff1aac889",
     "synthetic/native-nocaps": "6b8683c6ef640e27c2cd044693ebd860059a732b1f6ed7d91e76b296ad67c64c",
-    # Alignment (issue 12, log format 4): new streams only; every pin above is unchanged.
+    # Alignment (log format 4, docs/design.md §2 "The tick grid and alignment"): new streams only; every pin above is unchanged.
     "sess_golden-tiny-grid-client-hint/beta": "5d6f46832646424ed9a2ee999ffa0902d56c9db5cbc7ee177c34d10054cfcb18",
     "sess_golden-tiny-grid-client-hint/beta-chunk3": "006c93ba5b0c91c23c8b2faba123c3981f49fcec50dafb36bc222748d66658f1",
     "sess_golden-tiny-grid-client-hint/ga": "640be7a9569371bfb66dfd5ee35383df74e96bed849fcd69437dc6d6edbf8194",

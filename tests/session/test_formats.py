@@ -1,4 +1,4 @@
-"""Input formats and rates in the session core (spec §3): G.711 and 8-48 kHz in, resampled to
+"""Input formats and rates in the session core (docs/protocol.md §3): G.711 and 8-48 kHz in, resampled to
 24 kHz by one soxr stream per session, split-invariant and replay-exact; G.711 out."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Refused input is logged without its audio (issue 13 item 1, decision 11): the core answers a
+"""Refused input is logged without its audio (docs/design.md §4, decision 11): the core answers a
 read-only query, ``refusal_for``, and the shell logs the ``rejected`` record it returns."""
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ async def test_an_unhandled_error_becomes_an_error_event_and_close_1011(parrot_d
     assert errors == ["internal_error"] and code == 1011
 
 
-# -- the transport bounds (issue 13 item 5) -------------------------------------------------------
+# -- the transport bounds (docs/design.md §2 "Budgets and hardening") -------------------------------------------------------
 async def _read_body_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An app that reads the whole request body before it answers (no route of ours does)."""
     if scope["type"] == "lifespan":

@@ -458,7 +458,7 @@ class DuplexClient:
             raise ServerClosed(code, exc.reason.reason if exc.reason else self.close_reason) from None
 
     async def send(self, event: ClientEvent) -> None:
-        """Send a client event of :mod:`duplex_actors.protocol.events`."""
+        """Send a client event of :mod:`duplex_actors.protocol.wire_events`."""
         await self.send_raw(_wire(event))
 
     async def send_audio(self, samples: AudioInput) -> int:

@@ -1,9 +1,9 @@
 """Typed server events as a client sees them, parsed from either dialect's JSON.
 
-A message is parsed into its class in :mod:`duplex_actors.protocol.events` (the one the server's
+A message is parsed into its class in :mod:`duplex_actors.protocol.wire_events` (the one the server's
 projection built it from) with the protocol's converter; the events a client acts on then get a
 small dialect-neutral view here, every other event arrives as :class:`OtherEvent`. Every event
-carries ``type`` (the wire name), ``wire`` (the ``protocol.events`` instance; ``None`` for a
+carries ``type`` (the wire name), ``wire`` (the ``protocol.wire_events`` instance; ``None`` for a
 native binary audio frame and for a message that is not a valid event of the dialect), ``raw``
 (the decoded JSON object; for a binary frame, ``{}``), ``received_at`` (``trio.current_time()``
 when the client's receive task read it) and ``seq`` (1, 2, ... in arrival order on this
@@ -181,7 +181,7 @@ def _transcript(response: wire.Response) -> str:
 
 
 def _view(event: Any, common: dict[str, Any]) -> ServerEvent:
-    """The dialect-neutral view of one parsed ``protocol.events`` instance."""
+    """The dialect-neutral view of one parsed ``protocol.wire_events`` instance."""
     match event:
         case wire.RealtimeOutputAudioDelta():
             meta = event.metadata

@@ -1,4 +1,8 @@
-"""The engine in a child process (``serve --engine-process``): the server's GIL stays the event loop's.
+"""An engine in a child process, behind the :class:`~duplex_actors.model.engine.ModelEngine` interface.
+
+The server runs its engine in the engine core process (``engine_core.py``) and uses only this
+module's prompt-length helpers; :class:`EngineProcess` serves tools and tests that want an
+engine off their own GIL.
 
 :class:`EngineProcess` is a :class:`~duplex_actors.model.engine.ModelEngine` whose real engine
 (``open_engine(...)``, the arguments the server gives it in-thread) runs in a ``spawn``-ed child.

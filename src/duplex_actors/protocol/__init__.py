@@ -1,9 +1,12 @@
 """The wire protocol, sans-io: client messages in, typed events out; session events in, server
 messages out (``docs/api.md``, ``docs/protocol.md``). No trio, no torch, no model.
 
-- :mod:`.errors`: the error codes and :class:`ProtocolError`.
-- :mod:`.events`: attrs classes of every client and server event of both dialects.
-- :mod:`.codec`: parsing and validation at the edge, audio formats, session config.
+- :mod:`.errors`: :class:`ProtocolError` (the codes are in :mod:`duplex_actors.error_codes`).
+- :mod:`.wire_events`: attrs classes of every client and server event of both dialects.
+- :mod:`.converter`: the cattrs converter between those classes and JSON objects.
+- :mod:`.parsing`: client messages parsed and validated at the edge.
+- :mod:`.audio_formats`, :mod:`.session_config`, :mod:`.conversation_items`: the audio an
+  append carries, a session's config, the conversation items a client creates.
 - :mod:`.realtime` / :mod:`.native`: projections of session events onto each dialect.
 - :mod:`.schemas`: JSON Schemas generated from the classes, and traffic validators
   (not imported here: ``python -m duplex_actors.protocol.schemas`` runs it as a script).

@@ -1,4 +1,4 @@
-"""The wire error codes of the spec (wire-protocol.md §4) and the exception the codec raises.
+"""The wire error codes (docs/protocol.md §8) and the exception the parsers raise.
 
 Each code maps to the OpenAI ``error.type`` it is reported under: ``rate_limit_error`` when the
 server is full, ``server_error`` when the server failed, ``invalid_request_error`` for every

@@ -28,7 +28,7 @@ SessionClosed                      ``session.closed {session_id, reason}``
 
 Native events carry no ``event_id``; they are the session's own vocabulary, one per neutral
 event, and the client's event id comes back as ``client_event_id`` where there is one. Each is
-an instance of its :mod:`.events` class (``Native*``), sent as ``codec.encode_server_event``.
+an instance of its :mod:`.wire_events` class (``Native*``), sent as ``converter.encode_server_event``.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ first), and the failed cancel worded as OpenAI words it. ``session.heartbeat_ack
 extensions (``session.heartbeat``, ``playback.ack``, ``duplex.alignment: "client"``), which an
 OpenAI client never uses.
 
-The projection builds the :mod:`.events` classes and sends what the one converter makes of
-them (``codec.server_event_encoder``: ``type`` first, the beta name for beta clients). Every
+The projection builds the :mod:`.wire_events` classes and sends what the one converter makes of
+them (``converter.server_event_encoder``: ``type`` first, the beta name for beta clients). Every
 event gets ``event_id = evt_<session id without sess_>_<n>`` from a counter the projection
 keeps, so a replay of the session log reproduces the ids. Transcripts in the done events are
 capped at ``MAX_TRANSCRIPT_CHARS`` and error messages at 1024 characters, which keeps every

@@ -1,8 +1,8 @@
 """The wire events of both dialects as frozen attrs classes (docs/protocol.md §4 and §5).
 
-Each event is one class, used everywhere it exists: :mod:`.codec` parses client events into
-them (its converter tags them on ``type``); :mod:`.realtime` and :mod:`.native` build the server
-events and send them as ``codec.CONVERTER.unstructure(event)``; the client
+Each event is one class, used everywhere it exists: :mod:`.parsing` parses client events into
+them (:mod:`.converter` tags them on ``type``); :mod:`.realtime` and :mod:`.native` build the
+server events and send them as ``converter.CONVERTER.unstructure(event)``; the client
 (:mod:`duplex_actors.client.events`) parses server messages back into them with the same
 converter; and :mod:`.schemas` turns them into the JSON Schemas. Adding an event is adding a
 class here (and to its dialect's tuple) and emitting it.
