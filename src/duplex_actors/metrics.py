@@ -157,94 +157,105 @@ def render(
 ) -> str:
     """The text of ``/metrics``: the front ends' ``snapshot`` (merged) and the engine core's
     scheduler ``statistics`` (None while there is no core)."""
-    counters = snapshot.counters
-    writer = snapshot.writer
-    sessions_active = snapshot.sessions_active
-    recovered_logs = snapshot.recovered_logs
-    dialects_active = snapshot.dialects_active
-    uploader = snapshot.uploader
-    opus = snapshot.opus
-    tcp_connections = snapshot.tcp_connections
     out = _Writer()
+    dropped = snapshot.counters.dropped
     if statistics is not None:
-        st = statistics
-        out.metric(
-            "duplex_step_duration_seconds",
-            "histogram",
-            "Wall time of one batched model step (the frame budget is 0.08 s).",
-            [
-                *(("_bucket", {"le": _fmt(b)}, c) for b, c in st.step_seconds_buckets),
-                ("_sum", {}, st.step_seconds_sum),
-                ("_count", {}, st.ticks),
-            ],
-        )
-        batch = dict(st.batch_sizes)
-        cumulative: list[tuple[str, Mapping[str, Any], float]] = []
-        for bound in BATCH_BUCKETS:
-            running = sum(n for size, n in batch.items() if size <= bound)
-            cumulative.append(("_bucket", {"le": str(bound)}, running))
-        cumulative.append(("_bucket", {"le": "+Inf"}, st.ticks))
-        cumulative.append(("_sum", {}, sum(size * n for size, n in batch.items())))
-        cumulative.append(("_count", {}, st.ticks))
-        out.metric("duplex_batch_size", "histogram", "Sessions stepped per tick.", cumulative)
-        out.metric(
-            "duplex_deadline_misses_total",
-            "counter",
-            "Frames the engine was late for: stepped over 80 ms after they were due (submitted, or "
-            "one frame after their session's previous one).",
-            [("", {}, st.late_frames)],
-        )
-        out.metric(
-            "duplex_frame_wait_seconds",
-            "histogram",
-            "From an input frame complete on the server to the start of its step.",
-            [
-                *(("_bucket", {"le": _fmt(b)}, c) for b, c in st.frame_wait_seconds_buckets),
-                ("_sum", {}, st.frame_wait_seconds_sum),
-                ("_count", {}, st.frame_wait_seconds_buckets[-1][1]),
-            ],
-        )
-        out.metric(
-            "duplex_catchup_steps_total",
-            "counter",
-            "Grid steps outside the tick for slots that missed theirs (tick policy grid).",
-            [("", {}, st.catchup_steps)],
-        )
-        out.metric(
-            "duplex_ahead_steps_total",
-            "counter",
-            "Grid steps ahead of the tick: every session was a whole tick behind (uploads; tick policy grid).",
-            [("", {}, st.ahead_steps)],
-        )
-        out.metric(
-            "duplex_tick_policy",
-            "gauge",
-            "The scheduler's tick policy (1 for the one in use).",
-            [("", {"policy": st.tick_policy}, 1)],
-        )
-        out.metric(
-            "duplex_session_backlog_frames_total",
-            "counter",
-            "Frames that waited over 80 ms only behind their own session's earlier frames "
-            "(the client sent faster than real time).",
-            [("", {}, st.backlog_frames)],
-        )
-        out.metric(
-            "duplex_slots_total",
-            "gauge",
-            "Engine slots (max concurrent sessions).",
-            [("", {}, st.slots_total)],
-        )
-        out.metric("duplex_slots_in_use", "gauge", "Slots held by sessions.", [("", {}, st.slots_in_use)])
-        out.metric(
-            "duplex_step_failures_total",
-            "counter",
-            "Model steps that raised (their sessions ended with internal_error).",
-            [("", {}, step_failures)],
-        )
-        dropped = Counter(dict(st.dropped_frames)) + counters.dropped
-    else:
-        dropped = counters.dropped
+        _render_scheduler(out, statistics, step_failures)
+        dropped = Counter(dict(statistics.dropped_frames)) + dropped
+    _render_sessions(out, snapshot, dropped)
+    if snapshot.writer is not None:
+        _render_log_writer(out, snapshot.writer, snapshot.recovered_logs)
+    if snapshot.uploader is not None:
+        _render_uploads(out, snapshot.uploader)
+    if snapshot.opus is not None:
+        _render_opus(out, snapshot.opus)
+    return out.text()
+
+
+def _render_scheduler(out: _Writer, st: SchedulerStatistics, step_failures: int) -> None:
+    """The engine core's scheduler: steps, batches, deadlines, slots."""
+    out.metric(
+        "duplex_step_duration_seconds",
+        "histogram",
+        "Wall time of one batched model step (the frame budget is 0.08 s).",
+        [
+            *(("_bucket", {"le": _fmt(b)}, c) for b, c in st.step_seconds_buckets),
+            ("_sum", {}, st.step_seconds_sum),
+            ("_count", {}, st.ticks),
+        ],
+    )
+    batch = dict(st.batch_sizes)
+    cumulative: list[tuple[str, Mapping[str, Any], float]] = []
+    for bound in BATCH_BUCKETS:
+        running = sum(n for size, n in batch.items() if size <= bound)
+        cumulative.append(("_bucket", {"le": str(bound)}, running))
+    cumulative.append(("_bucket", {"le": "+Inf"}, st.ticks))
+    cumulative.append(("_sum", {}, sum(size * n for size, n in batch.items())))
+    cumulative.append(("_count", {}, st.ticks))
+    out.metric("duplex_batch_size", "histogram", "Sessions stepped per tick.", cumulative)
+    out.metric(
+        "duplex_deadline_misses_total",
+        "counter",
+        "Frames the engine was late for: stepped over 80 ms after they were due (submitted, or "
+        "one frame after their session's previous one).",
+        [("", {}, st.late_frames)],
+    )
+    out.metric(
+        "duplex_frame_wait_seconds",
+        "histogram",
+        "From an input frame complete on the server to the start of its step.",
+        [
+            *(("_bucket", {"le": _fmt(b)}, c) for b, c in st.frame_wait_seconds_buckets),
+            ("_sum", {}, st.frame_wait_seconds_sum),
+            ("_count", {}, st.frame_wait_seconds_buckets[-1][1]),
+        ],
+    )
+    out.metric(
+        "duplex_catchup_steps_total",
+        "counter",
+        "Grid steps outside the tick for slots that missed theirs (tick policy grid).",
+        [("", {}, st.catchup_steps)],
+    )
+    out.metric(
+        "duplex_ahead_steps_total",
+        "counter",
+        "Grid steps ahead of the tick: every session was a whole tick behind (uploads; tick policy grid).",
+        [("", {}, st.ahead_steps)],
+    )
+    out.metric(
+        "duplex_tick_policy",
+        "gauge",
+        "The scheduler's tick policy (1 for the one in use).",
+        [("", {"policy": st.tick_policy}, 1)],
+    )
+    out.metric(
+        "duplex_session_backlog_frames_total",
+        "counter",
+        "Frames that waited over 80 ms only behind their own session's earlier frames "
+        "(the client sent faster than real time).",
+        [("", {}, st.backlog_frames)],
+    )
+    out.metric(
+        "duplex_slots_total",
+        "gauge",
+        "Engine slots (max concurrent sessions).",
+        [("", {}, st.slots_total)],
+    )
+    out.metric("duplex_slots_in_use", "gauge", "Slots held by sessions.", [("", {}, st.slots_in_use)])
+    out.metric(
+        "duplex_step_failures_total",
+        "counter",
+        "Model steps that raised (their sessions ended with internal_error).",
+        [("", {}, step_failures)],
+    )
+
+
+def _render_sessions(out: _Writer, snapshot: FrontEndSnapshot, dropped: Mapping[str, int]) -> None:
+    """The front ends' sessions, frames, errors and connections."""
+    counters = snapshot.counters
+    sessions_active = snapshot.sessions_active
+    dialects_active = snapshot.dialects_active
+    tcp_connections = snapshot.tcp_connections
     out.metric("duplex_sessions_active", "gauge", "Open sessions.", [("", {}, sessions_active)])
     out.metric(
         "duplex_sessions_opened_total", "counter", "Sessions admitted.", [("", {}, counters.sessions_opened)]
@@ -334,63 +345,60 @@ def render(
             "Open TCP connections (HTTP and WebSocket), bounded by --max-connections.",
             [("", {}, tcp_connections)],
         )
-    if writer is not None:
-        ws = writer
-        samples = [("", {"quantile": q}, (ws.fsync_percentile(q * 100) or 0.0)) for q in (0.5, 0.9, 0.99)]
-        # Quantiles, sum and count all over the same recent window (the writer keeps the last
-        # 4096 durations), so sum/count is a true mean; the all-time count is its own counter.
-        samples += [("_sum", {}, sum(ws.fsync_durations_s)), ("_count", {}, len(ws.fsync_durations_s))]
-        out.metric(
-            "duplex_log_fsync_seconds",
-            "summary",
-            "fdatasync duration of the session logs (recent window).",
-            samples,
-        )
-        out.metric(
-            "duplex_log_fsyncs_total", "counter", "fdatasync calls on session logs.", [("", {}, ws.fsyncs)]
-        )
-        out.metric(
-            "duplex_log_records_total",
-            "counter",
-            "Session log records written.",
-            [("", {}, ws.records_written)],
-        )
-        out.metric(
-            "duplex_log_recovered_total",
-            "counter",
-            "Logs with a torn tail (a crash) truncated at start-up.",
-            [("", {}, recovered_logs)],
-        )
-        out.metric(
-            "duplex_log_failed",
-            "gauge",
-            "Session logs that failed to write (admissions stop).",
-            [("", {}, ws.failed_logs)],
-        )
-        out.metric(
-            "duplex_log_dir_available",
-            "gauge",
-            "1 while the log dir takes writes; 0 from a failed log write or create until a probe works "
-            "(admissions stop meanwhile).",
-            [("", {}, int(ws.dir_available))],
-        )
-        out.metric(
-            "duplex_log_dir_probe_failures_total",
-            "counter",
-            "Probes of an unavailable log dir (write + fdatasync + remove a small file) that failed.",
-            [("", {}, ws.dir_probe_failures)],
-        )
-        out.metric(
-            "duplex_log_dir_recoveries_total",
-            "counter",
-            "Times a probe found the log dir writable again and admissions resumed.",
-            [("", {}, ws.dir_recoveries)],
-        )
-    if uploader is not None:
-        _render_uploads(out, uploader)
-    if opus is not None:
-        _render_opus(out, opus)
-    return out.text()
+
+
+def _render_log_writer(out: _Writer, ws: Any, recovered_logs: int) -> None:
+    """The session log writer: fsyncs, records, a failed or recovered log dir."""
+    samples = [("", {"quantile": q}, (ws.fsync_percentile(q * 100) or 0.0)) for q in (0.5, 0.9, 0.99)]
+    # Quantiles, sum and count all over the same recent window (the writer keeps the last
+    # 4096 durations), so sum/count is a true mean; the all-time count is its own counter.
+    samples += [("_sum", {}, sum(ws.fsync_durations_s)), ("_count", {}, len(ws.fsync_durations_s))]
+    out.metric(
+        "duplex_log_fsync_seconds",
+        "summary",
+        "fdatasync duration of the session logs (recent window).",
+        samples,
+    )
+    out.metric(
+        "duplex_log_fsyncs_total", "counter", "fdatasync calls on session logs.", [("", {}, ws.fsyncs)]
+    )
+    out.metric(
+        "duplex_log_records_total",
+        "counter",
+        "Session log records written.",
+        [("", {}, ws.records_written)],
+    )
+    out.metric(
+        "duplex_log_recovered_total",
+        "counter",
+        "Logs with a torn tail (a crash) truncated at start-up.",
+        [("", {}, recovered_logs)],
+    )
+    out.metric(
+        "duplex_log_failed",
+        "gauge",
+        "Session logs that failed to write (admissions stop).",
+        [("", {}, ws.failed_logs)],
+    )
+    out.metric(
+        "duplex_log_dir_available",
+        "gauge",
+        "1 while the log dir takes writes; 0 from a failed log write or create until a probe works "
+        "(admissions stop meanwhile).",
+        [("", {}, int(ws.dir_available))],
+    )
+    out.metric(
+        "duplex_log_dir_probe_failures_total",
+        "counter",
+        "Probes of an unavailable log dir (write + fdatasync + remove a small file) that failed.",
+        [("", {}, ws.dir_probe_failures)],
+    )
+    out.metric(
+        "duplex_log_dir_recoveries_total",
+        "counter",
+        "Times a probe found the log dir writable again and admissions resumed.",
+        [("", {}, ws.dir_recoveries)],
+    )
 
 
 def _render_uploads(out: _Writer, st: Any) -> None:
