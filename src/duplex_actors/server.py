@@ -568,14 +568,17 @@ class DuplexServer(Generic[SchedulerT]):
 def context_refusal(
     core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
 ) -> str | None:
-    """Why the prompt of ``base`` updated with ``changes`` cannot fit the model's context, or
-    None (also when ``changes`` touch neither voice nor persona). Asked before logging: the
-    budget needs the engine's tokenizer, which a logic replay lacks, so the verdict goes into
-    the log as a ``rejected`` record rather than being the core's."""
-    if "instructions" not in changes and "voice" not in changes:
+    """Why the prompt of ``base`` updated with the fields of ``changes`` the core would take
+    cannot fit the model's context, or None (also when those fields touch neither voice nor
+    persona). Asked before logging: the budget needs the engine's tokenizer, which a logic
+    replay lacks, so the verdict goes into the log as a ``rejected`` record rather than being
+    the core's."""
+    base = base or {}
+    taken, _ = core.split_update(changes, base)
+    if "instructions" not in taken and "voice" not in taken:
         return None
     try:
-        prompt = core.validated({**(base or {}), **changes})
+        prompt = core.validated({**base, **taken})
     except Exception:
         return None  # the core refuses it itself, with its own code
     try:
@@ -589,7 +592,9 @@ def fitting_config(
     core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """``changes`` less the fields whose prompt would not fit the model's context (the persona,
-    then the voice), and why they were taken out (None: nothing was)."""
+    then the voice), and why they were taken out (None: nothing was). When some were, the fields
+    the core would refuse are taken out too and named in the same refusal: one error per
+    config."""
     kept = dict(changes)
     refusal = context_refusal(core, kept, base)
     if refusal is None:
@@ -598,6 +603,10 @@ def fitting_config(
         kept.pop(field, None)
         if context_refusal(core, kept, base) is None:
             break
+    taken, others = core.split_update(kept, base or {})
+    if others:
+        kept = taken
+        refusal = "; ".join([refusal, *(message for _, message in others)])
     return kept, refusal
 
 

@@ -176,6 +176,27 @@ async def test_sampling_value_the_engine_cannot_hold_is_refused_and_the_session_
         assert c.error_codes() == ["invalid_duplex_runtime_config"] and not c.closed.is_set()
 
 
+async def test_an_update_refusing_a_long_persona_and_a_bad_voice_gets_one_error_and_goes_on(parrot_server):
+    """A persona too long for the context beside a field the core refuses (an unknown voice, a
+    negative temperature): one error names them all, nothing of them is applied, and the
+    session streams on (the too-long persona never reaches the engine, which would end the
+    session with 1011)."""
+    async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1") as c:
+        await c.wait_for("session.updated")
+        session = {"instructions": "a " * 900, "voice": "nope.pt", "temperature": -3, "seed": 7}
+        await c.send({"type": "session.update", "event_id": "both", "session": session})
+        await c.wait_until(lambda: len(c.of_type("session.updated")) >= 2 and c.errors())
+        (err,) = c.errors()
+        message = err["error"]["message"]
+        assert error_code(err) == "invalid_duplex_runtime_config" and client_event_id(err) == "both", err
+        assert "the persona is too long" in message and "voice: " in message and "temperature: " in message
+        applied = c.of_type("session.updated")[-1]["session"]
+        assert applied["instructions"] != session["instructions"] and applied["voice"] != "nope.pt"
+        await c.append(frames(3))
+        await c.wait_until(lambda: c.output_frames() >= 3)
+        assert len(c.errors()) == 1 and not c.closed.is_set()
+
+
 async def test_wrong_model_is_refused_with_model_not_found(parrot_server):
     async with connect(f"{parrot_server.ws}/v1/realtime?duplex=1&model=gpt-4o-realtime-preview") as c:
         await c.wait_closed()

@@ -3,6 +3,7 @@ retrieve, voice aliases and updates taken field by field (records in, events and
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -164,6 +165,18 @@ def test_a_refused_field_does_not_drop_the_rest_of_the_update():
     assert updated.config["instructions"] == "You sell bicycles." and updated.config["voice"] == "NATF2.pt"
     assert updated.config["audio"] == {"output": {"format": {"type": "audio/pcm"}}}  # its voice refused too
     assert "temperature" not in updated.config
+    # One error for the update, under the first refused field's code, naming each refused field.
+    (err,) = errors
+    assert err.code == "invalid_voice" and err.client_event_id == "u"
+    assert err.message.startswith("voice: ") and "; temperature: " in err.message
+    assert err.message.endswith("(the update's other fields were applied)")
+
+
+def test_a_log_before_format_6_replays_one_error_per_refused_field():
+    header = attrs.evolve(HEADER, format_version=5)
+    core = new_core(header=header)
+    updated, *errors = events(core.apply(r.Update({"voice": "nope", "temperature": 9, "seed": 3}, "u")))
+    assert isinstance(updated, ev.SessionUpdated) and updated.config["seed"] == 3
     assert [(e.code, e.message.split(":")[0]) for e in errors] == [
         ("invalid_voice", "voice"),
         ("invalid_duplex_runtime_config", "temperature"),

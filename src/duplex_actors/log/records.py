@@ -27,7 +27,9 @@ import attrs
 # its context; older records read as True, as they were applied); ``truncate``, ``text_item``
 # and ``retrieve_item`` records; an opening config with a refused field opens with the rest of
 # it (older logs opened with the defaults, and still replay so).
-FORMAT_VERSION: Final = 5
+# 6: the fields one update or opening config refuses get one error naming them all (older logs
+# got one error per field, and still replay so).
+FORMAT_VERSION: Final = 6
 _JSON_LEN = struct.Struct("<I")
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -122,6 +122,8 @@ VOICE_PROMPT_KEY: Final = "voice_prompt"
 MAX_ITEMS_KEPT: Final = 64
 # Logs of this format version on open with what is valid in a refused opening config.
 PARTIAL_OPEN_FORMAT: Final = 5
+# From this log format on, the fields one update or opening config has refused get one error.
+ONE_ERROR_FORMAT: Final = 6
 PAD_REASONS: Final = frozenset({"start", "clear", "drift", "margin", "client"})
 HINT_REASONS: Final = frozenset({"start", "clear", "drift", "margin"})
 # Output frames state ``input_samples_end`` from this log format version on.
@@ -619,9 +621,38 @@ class SessionCore:
         )
         self._emit(out, ev.SessionCreated(self.session_id, dict(self.config)))
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config)))
-        for refusal in refused:
-            self._error(out, refusal.code, refusal.message, record.client_event_id)
+        self._refuse_fields(out, refused, "", record.client_event_id)
         out.append(ResetSlot(self.epoch, prompt))
+
+    def _refuse_fields(
+        self, out: list[Effect], refused: Sequence[_Refusal], suffix: str, client_event_id: str | None
+    ) -> None:
+        """The error for the fields a config refused: one naming them all, under the first one's
+        code (logs before ``ONE_ERROR_FORMAT``: one per field, as they were recorded)."""
+        if not refused:
+            return
+        if self.format_version is not None and self.format_version < ONE_ERROR_FORMAT:
+            for refusal in refused:
+                self._error(out, refusal.code, f"{refusal.message}{suffix}", client_event_id)
+            return
+        message = "; ".join(refusal.message for refusal in refused)
+        self._error(out, refused[0].code, f"{message}{suffix}", client_event_id)
+
+    def split_update(
+        self, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """The fields of ``changes`` the core would take onto ``base`` (its config by default)
+        and the ``(code, message)`` of each field it would refuse; read-only."""
+        base = self.config if base is None else base
+        try:
+            prompt = self._validated({**base, **changes})
+            whole = _locked_refusal(self.locked, prompt, self.prompt)
+        except Exception:
+            whole = _Refusal("", "")
+        if whole is None:
+            return dict(changes), []
+        taken, refused = self._split(base, changes, self.prompt)
+        return taken, [(f.code, f.message) for f in refused]
 
     def _update_outcome(self, record: r.Update) -> _Outcome | _Refusal:
         """The outcome of an update the core takes (whole or in part), else the refusal of all
@@ -704,13 +735,9 @@ class SessionCore:
             _size_of(outcome.entries) if outcome.entries is not None else _json_size(outcome.effective)
         )
         self._emit(out, ev.SessionUpdated(self.session_id, dict(self.config), record.client_event_id))
-        for refusal in outcome.refused:
-            self._error(
-                out,
-                refusal.code,
-                f"{refusal.message} (the update's other fields were applied)",
-                record.client_event_id,
-            )
+        self._refuse_fields(
+            out, outcome.refused, " (the update's other fields were applied)", record.client_event_id
+        )
         if changed and not self.locked:
             out.append(ResetSlot(self.epoch, outcome.prompt))
         # After the lock only sampling can change: it applies from the next epoch's reset.
