@@ -26,6 +26,7 @@ from .procname import set_process_name
 SPEC_ENV = "DUPLEX_FRONTEND"
 log = logging.getLogger("duplex_actors.frontend")
 PARENT_CHECK_S = 0.5
+PARENT_GONE_GRACE_S = 5.0  # beyond the drain: time for the link to report the core's loss
 
 
 @attrs.frozen(slots=True)
@@ -110,6 +111,10 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         parent = os.getppid()
         while os.getppid() == parent:
             await trio.sleep(PARENT_CHECK_S)
+        # The core died with its process, so its link reports the loss and on_core_lost ends
+        # the connections with their 1011 before exiting; exiting first would cut them (1006).
+        # This exit is for a link that never reports it.
+        await trio.sleep(spec.drain_timeout_s + PARENT_GONE_GRACE_S)
         os._exit(1)
 
     async with trio.open_nursery() as nursery:
