@@ -7,7 +7,7 @@ session's, then ``pcm16`` at its default rate (docs/protocol.md §3).
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import pybase64
@@ -44,15 +44,19 @@ def decode_audio_b64(
     return data
 
 
-def format_name(name: Any, *, param: str, ctx: dict[str, Any]) -> str:
+def _named_format(name: Any, canonical: Callable[[str], str], *, param: str, ctx: dict[str, Any]) -> str:
     if not isinstance(name, str):
         raise ProtocolError(
             codes.UNSUPPORTED_AUDIO_FORMAT, f"{param} must be a format name", param=param, **ctx
         )
     try:
-        return canonical_format(name)
+        return canonical(name)
     except AudioError as exc:
         raise ProtocolError(codes.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param, **ctx) from None
+
+
+def format_name(name: Any, *, param: str, ctx: dict[str, Any]) -> str:
+    return _named_format(name, canonical_format, param=param, ctx=ctx)
 
 
 def checked_rate(rate: Any, *, param: str, ctx: dict[str, Any], fmt: str | None = None) -> int:
@@ -71,14 +75,7 @@ def checked_rate(rate: Any, *, param: str, ctx: dict[str, Any], fmt: str | None 
 
 
 def output_format(name: Any, *, param: str, ctx: dict[str, Any]) -> str:
-    if not isinstance(name, str):
-        raise ProtocolError(
-            codes.UNSUPPORTED_AUDIO_FORMAT, f"{param} must be a format name", param=param, **ctx
-        )
-    try:
-        return canonical_output_format(name)
-    except AudioError as exc:
-        raise ProtocolError(codes.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param, **ctx) from None
+    return _named_format(name, canonical_output_format, param=param, ctx=ctx)
 
 
 def ga_format(value: Any, *, param: str, ctx: dict[str, Any]) -> tuple[str, int | None]:
