@@ -65,10 +65,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     """Every skip here is for a missing prerequisite (a system package, a built artefact in
     ../shared): outside CI it prints its reason; under ``CI=true`` it fails the run, so a machine
     that lacks what the suite drives cannot pass it green (scripts/setup-test-deps.sh installs
-    the system packages before pytest starts)."""
+    the system packages before pytest starts). A failed test's report also shows what its
+    running servers printed."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
     if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true (a missing prerequisite is a failure): {reason}"
+    if report.failed:
+        _add_server_output(report)
+
+
+# -- a failing test shows what its servers printed ---------------------------------------------------
+SERVER_OUTPUT_TAIL_CHARS = 6000
+
+
+def _add_server_output(report: pytest.TestReport) -> None:
+    """A section per server that ``start_server`` started and that is still running (module
+    fixtures included): the tail of its output, where its log lines and tracebacks are."""
+    from .e2e.conftest import LIVE_SERVERS
+
+    for server in LIVE_SERVERS:
+        tail = server.output_so_far()[-SERVER_OUTPUT_TAIL_CHARS:]
+        report.sections.append((f"server on port {server.port} ({report.when})", tail))

@@ -35,12 +35,32 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]
         return err.code, err.read().decode()
 
 
+# The servers start_server has started and not yet stopped: a failing test's report shows the
+# tail of their output (tests/conftest.py).
+LIVE_SERVERS: list[ServerProcess] = []
+
+
 @attrs.define
 class ServerProcess:
     proc: subprocess.Popen[str]
     port: int
     log_dir: Path
     output: str = ""
+    # Where the server writes its stdout and stderr (None: to ``proc.stdout``, a pipe read at
+    # the end). A file never blocks a server that logs a lot, and can be read while it runs.
+    log_path: Path | None = None
+
+    def output_so_far(self) -> str:
+        """Everything the server has printed until now."""
+        if self.log_path is None:
+            return self.output
+        return self.log_path.read_text(errors="replace")
+
+    def _collected(self, out: str | None) -> int:
+        self.output = self.output_so_far() if self.log_path is not None else self.output + (out or "")
+        if self in LIVE_SERVERS:
+            LIVE_SERVERS.remove(self)
+        return int(self.proc.returncode)
 
     @property
     def base(self) -> str:
@@ -71,8 +91,7 @@ class ServerProcess:
     def wait(self, timeout: float = 30) -> int:
         """Wait for the process to exit by itself (e.g. after a signal already sent)."""
         out, _ = self.proc.communicate(timeout=timeout)
-        self.output += out or ""
-        return int(self.proc.returncode)
+        return self._collected(out)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:
@@ -82,8 +101,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, _ = self.proc.communicate()
-        self.output += out or ""
-        return int(self.proc.returncode)
+        return self._collected(out)
 
 
 def start_server(
@@ -95,15 +113,19 @@ def start_server(
 ) -> ServerProcess:
     port = free_port()
     log_dir = tmp_path / "sessions"
-    proc = subprocess.Popen(
-        [EXE, "serve", "--model", model, "--port", str(port), "--log-dir", str(log_dir), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-        preexec_fn=preexec_fn,  # e.g. resource limits for the server only
-    )
-    server = ServerProcess(proc, port, log_dir)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log_path = tmp_path / f"server-{port}.out"
+    with log_path.open("w") as out:
+        proc = subprocess.Popen(
+            [EXE, "serve", "--model", model, "--port", str(port), "--log-dir", str(log_dir), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            preexec_fn=preexec_fn,  # e.g. resource limits for the server only
+        )
+    server = ServerProcess(proc, port, log_dir, log_path=log_path)
+    LIVE_SERVERS.append(server)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
