@@ -565,16 +565,11 @@ class DuplexServer(Generic[SchedulerT]):
             await actor.done.wait()
 
 
-def context_refusal(
-    core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
-) -> str | None:
-    """Why the prompt of ``base`` updated with the fields of ``changes`` the core would take
-    cannot fit the model's context, or None (also when those fields touch neither voice nor
-    persona). Asked before logging: the budget needs the engine's tokenizer, which a logic
-    replay lacks, so the verdict goes into the log as a ``rejected`` record rather than being
-    the core's."""
-    base = base or {}
-    taken, _ = core.split_update(changes, base)
+def context_refusal(core: SessionCore, taken: Mapping[str, Any], base: Mapping[str, Any]) -> str | None:
+    """Why the prompt of ``base`` updated with ``taken`` (fields the core takes) cannot fit the
+    model's context, or None (also when they touch neither voice nor persona). Asked before
+    logging: the budget needs the engine's tokenizer, which a logic replay lacks, so the verdict
+    goes into the log as a ``rejected`` record rather than being the core's."""
     if "instructions" not in taken and "voice" not in taken:
         return None
     try:
@@ -592,22 +587,19 @@ def fitting_config(
     core: SessionCore, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """``changes`` less the fields whose prompt would not fit the model's context (the persona,
-    then the voice), and why they were taken out (None: nothing was). When some were, the fields
-    the core would refuse are taken out too and named in the same refusal: one error per
-    config."""
-    kept = dict(changes)
-    refusal = context_refusal(core, kept, base)
+    then the voice), and why they were taken out (None: nothing was). The check is on the
+    fields the core would take; when it refuses, the fields the core would refuse are taken
+    out too and named in the same refusal: one error per config."""
+    base = base or {}
+    taken, others = core.split_update(changes, base)
+    refusal = context_refusal(core, taken, base)
     if refusal is None:
-        return kept, None
+        return dict(changes), None
     for field in ("instructions", "voice"):
-        kept.pop(field, None)
-        if context_refusal(core, kept, base) is None:
+        taken.pop(field, None)
+        if context_refusal(core, taken, base) is None:
             break
-    taken, others = core.split_update(kept, base or {})
-    if others:
-        kept = taken
-        refusal = "; ".join([refusal, *(message for _, message in others)])
-    return kept, refusal
+    return taken, "; ".join([refusal, *(message for _, message in others)])
 
 
 def recover_logs(log_dir: Path) -> list[tuple[str, str]]:

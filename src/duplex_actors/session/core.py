@@ -646,11 +646,10 @@ class SessionCore:
         base = self.config if base is None else base
         try:
             prompt = self._validated({**base, **changes})
-            whole = _locked_refusal(self.locked, prompt, self.prompt)
+            if _locked_refusal(self.locked, prompt, self.prompt) is None:
+                return dict(changes), []
         except Exception:
-            whole = _Refusal("", "")
-        if whole is None:
-            return dict(changes), []
+            pass  # taken field by field below
         taken, refused = self._split(base, changes, self.prompt)
         return taken, [(f.code, f.message) for f in refused]
 
