@@ -58,7 +58,7 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, websocket
 from quart_trio import QuartTrio
 
-from . import error_codes
+from . import close_reasons, error_codes
 from .admission import LogUnavailable, ResourceExhausted, SchedulerFailed
 from .audio import SAMPLE_RATE
 from .config import ConfigError, ServerConfig
@@ -74,16 +74,26 @@ from .faults import Faults
 from .metrics import Counters, FrontEndSnapshot, merge_snapshots, render
 from .model.errors import ModelError
 from .model.startup import FAILED, PhaseReport, StartupState
+from .protocol import wire_events as pe
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
 from .server import DuplexServer, SlotReservation, open_linked_server
+from .session.resume_token import fingerprint
 from .web import auth
 from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
 from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
 from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
-from .web.dialects import Dialect, NativeDialect, RealtimeDialect, WireMessage, read_opening
+from .web.dialects import (
+    RESUME_TOKEN_HEADER,
+    Dialect,
+    NativeDialect,
+    RealtimeDialect,
+    WireMessage,
+    read_opening,
+    read_resume,
+)
 from .web.hardening import (
     GuardedApp,
     TransportLimits,
@@ -99,6 +109,7 @@ from .web.hardening import (
     unmask_with_numpy,
 )
 from .web.page import install_page_routes
+from .web.resumable import ResumeSettings
 
 API_CHAT_PATH = "/api/chat"
 
@@ -403,6 +414,10 @@ class ModelHolder:
         self._apply_admission()
         for conn in list(self.connections):
             conn.drain()
+        if self.server is not None:
+            # A detached session has no connection to be told: it closes now, not at its grace.
+            for detached in [rs for rs in self.server.resumable.values() if not rs.attached]:
+                self.server.start_soon(detached.handle.close, close_reasons.SERVER_SHUTDOWN)
         with trio.move_on_after(timeout_s):
             # Sessions (and their logs) first: a connection whose client stopped reading can
             # stay blocked in a send for as long as TCP allows, so it only gets a short grace.
@@ -633,8 +648,9 @@ async def _websocket(holder: ModelHolder, ws: Upgrade, dialect_name: str) -> Htt
     http_refusal = config.admission_refusal == "http"
     if server is None or holder.draining:
         return _refuse_http(holder, "not_ready", "the server is not ready", retry=http_refusal)
+    resuming = dialect_name != "api_chat" and bool(ws.args.get("session_id"))
     reservation: SlotReservation | None = None
-    if http_refusal:
+    if http_refusal and not resuming:  # a resume takes no new slot: its session holds one
         # Reserve the slot before the upgrade: refused here, a proxy can try another server.
         if holder.paused:
             return _refuse_http(holder, "draining", "the server is draining: it takes no new sessions")
@@ -644,7 +660,7 @@ async def _websocket(holder: ModelHolder, ws: Upgrade, dialect_name: str) -> Htt
             return _refuse_http(holder, exc.code, str(exc))
     try:
         dialect = _dialect(dialect_name, config, server.engine.slots, headers, subprotocols, ws.args)
-        await _run_connection(holder, server, dialect, reservation, ws)
+        await _run_connection(holder, server, dialect, reservation, ws, resuming=resuming)
     finally:
         if reservation is not None:
             reservation.release()  # no-op once the session took it
@@ -659,10 +675,11 @@ def _dialect(
     subprotocols: list[str],
     args: Mapping[str, str],
 ) -> Dialect:
+    resume = config.resume_grace_s > 0
     if name == "realtime":
         return RealtimeDialect(
             model=config.model,
-            capabilities=capabilities(slots),
+            capabilities=capabilities(slots, resume=resume),
             beta="realtime=v1" in headers.get("openai-beta", "") or auth.BETA_SUBPROTOCOL in subprotocols,
             autostart=args.get("autostart", "1") != "0",
             duplex=args.get("duplex", "0") not in ("0", "", "false"),
@@ -670,7 +687,9 @@ def _dialect(
         )
     if name == "api_chat":
         return ApiChatDialect(args)  # type: ignore[return-value]  # a binary shell
-    return NativeDialect(capabilities=capabilities(slots), max_message_bytes=config.max_message_bytes)
+    return NativeDialect(
+        capabilities=capabilities(slots, resume=resume), max_message_bytes=config.max_message_bytes
+    )
 
 
 async def _run_connection(
@@ -679,9 +698,13 @@ async def _run_connection(
     dialect: Dialect,
     reservation: SlotReservation | None,
     ws: Upgrade,
+    *,
+    resuming: bool = False,
 ) -> None:
     await ws.accept(auth.chosen_subprotocol(ws.subprotocols))
-    transport = Transport(ws.receive, ws.send, ws.close, ws.send_many)
+    transport = Transport(
+        ws.receive, ws.send, ws.close, ws.send_many, lambda: getattr(ws, "disconnect_code", None)
+    )
     rate_limits = RateLimits(
         messages_per_s=holder.config.max_messages_per_s,
         message_burst=holder.config.message_burst,
@@ -704,10 +727,19 @@ async def _run_connection(
         faults=holder.faults,
         reservation=reservation,
         rate_limits=rate_limits,
+        resume=ResumeSettings(
+            grace_s=holder.config.resume_grace_s,
+            journal_bytes=holder.config.resume_journal_bytes,
+            max_backlog_s=holder.config.resume_max_backlog_s,
+        ),
+        key_fingerprint=fingerprint(auth.offered_key(ws.headers, ws.subprotocols)),
     )
     holder.add_connection(conn)
     try:
-        await _open_and_run(conn, dialect, holder.config.model, server, holder.config, ws)
+        if resuming:
+            await _resume(conn, dialect, ws)
+        else:
+            await _open_and_run(conn, dialect, holder.config.model, server, holder.config, ws)
     except Exception as exc:
         error = peer_error(exc)
         if error is not None:  # the socket is broken: nothing more can be said on it
@@ -753,7 +785,60 @@ async def _open_and_run(
     except ProtocolError as err:
         await conn.refuse(err.code, err.message, 1008, err.client_event_id)
         return
+    if dialect.name == "realtime" and ws.args.get("resume", "0") not in ("0", "", "false"):
+        if not getattr(dialect, "duplex", False):
+            await conn.refuse(
+                error_codes.UNSUPPORTED_SESSION_RESUME,
+                "resume needs the duplex extensions: add ?duplex=1",
+                1008,
+            )
+            return
+        opening = attrs.evolve(opening, resume=True)
+    if opening.resume and conn.resume_settings.grace_s <= 0:
+        await conn.refuse(
+            error_codes.UNSUPPORTED_SESSION_RESUME,
+            "this server does not resume sessions (--resume-grace-s 0)",
+            1008,
+        )
+        return
     await conn.run(opening)
+
+
+async def _resume(conn: Connection, dialect: Dialect, ws: Upgrade) -> None:
+    """A connection whose URL names a session (``?session_id=``): it resumes that session with
+    the token of the ``X-Duplex-Resume-Token`` header (cursor ``?last_seq=``) or of its first
+    message, ``session.resume``; it never opens one."""
+    session_id = ws.args.get("session_id", "")
+    if conn.resume_settings.grace_s <= 0:
+        await conn.refuse(
+            error_codes.UNSUPPORTED_SESSION_RESUME,
+            "this server does not resume sessions (--resume-grace-s 0)",
+            1008,
+        )
+        return
+    token = ws.headers.get(RESUME_TOKEN_HEADER)
+    try:
+        if token:
+            last_seq = ws.args.get("last_seq", "0")
+            if not last_seq.isdigit():
+                raise ProtocolError(
+                    error_codes.INVALID_SESSION_RESUME, "last_seq must be a non-negative integer"
+                )
+            request = pe.SessionResume(session_id, token, int(last_seq))
+        else:
+            request = await read_resume(dialect, ws.receive)
+    except ProtocolError as err:
+        await conn.refuse(err.code, err.message, 1008, err.client_event_id)
+        return
+    if request.session_id != session_id:
+        await conn.refuse(
+            error_codes.INVALID_SESSION_RESUME,
+            "session.resume names another session than the URL's session_id",
+            1008,
+            request.event_id,
+        )
+        return
+    await conn.resume(request)
 
 
 # -- the app ----------------------------------------------------------------------------------------

@@ -85,6 +85,15 @@ def parse_voice_aliases(items: list[str], name: str) -> tuple[tuple[str, str], .
     return tuple(pairs)
 
 
+MAX_RESUME_GRACE_S = 300.0
+RESUME_GRACE: Kind[float] = Kind(
+    f"a number of seconds in 0..{MAX_RESUME_GRACE_S:g}",
+    float,
+    accepts=lambda v: isinstance(v, (int, float)) and 0 <= v <= MAX_RESUME_GRACE_S,
+    render=repr,
+)
+RESUME = "resuming a dropped connection (docs/protocol.md §9)"
+
 BUDGET = "per-connection input budget (docs/operations.md)"
 SCALE_OUT = "scale-out (docs/scaling.md)"
 
@@ -239,6 +248,32 @@ class ServerConfig:
         help="close a session after this many seconds without a client message (timeout, 1000)",
         details="At the deadline what already waits in the socket gets 0.25 s to arrive, so a "
         "paused process does not close live sessions",
+    )
+    resume_grace_s: float = setting(
+        30.0,
+        RESUME_GRACE,
+        env="DUPLEX_RESUME_GRACE_S",
+        flag="--resume-grace-s",
+        metavar="SECONDS",
+        help="how long a resumable session whose connection dropped keeps its slot, context and "
+        "output journal for the client to come back; 0 turns resume off",
+        details=f"Sessions opt in ({RESUME}); a detached session counts toward the slots",
+    )
+    resume_journal_bytes: int = setting(
+        2 * 1024 * 1024,
+        integer(at_least=65536, unit="bytes"),
+        env="DUPLEX_RESUME_JOURNAL_BYTES",
+        flag="--resume-journal-bytes",
+        help="per resumable session, the sent messages kept for a resume (oldest evicted first; "
+        "a client whose cursor was evicted gets session.resync_required)",
+    )
+    resume_max_backlog_s: float = setting(
+        2.0,
+        number(at_least=0, unit="seconds"),
+        env="DUPLEX_RESUME_MAX_BACKLOG_S",
+        flag="--resume-max-backlog-s",
+        metavar="SECONDS",
+        help="after a resume, this much of the client's re-sent input is never drained by the tick policy",
     )
     input_buffer_bytes: int = setting(
         16 * 1024 * 1024,

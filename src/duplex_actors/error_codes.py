@@ -42,6 +42,14 @@ SESSION_CLOSED: Final = "session_closed"
 LOG_UNAVAILABLE: Final = "log_unavailable"
 UNAUTHORIZED: Final = "unauthorized"
 INTERNAL_ERROR: Final = "internal_error"
+# Resuming a session after a dropped connection (docs/protocol.md §9).
+UNSUPPORTED_SESSION_RESUME: Final = "unsupported_session_resume"
+INVALID_SESSION_RESUME: Final = "invalid_session_resume"
+SESSION_RESUME_EXPIRED: Final = "session_resume_expired"
+INVALID_RESUME_TOKEN: Final = "invalid_resume_token"
+SESSION_RESUME_CONFLICT: Final = "session_resume_conflict"
+SESSION_NOT_HERE: Final = "session_not_here"
+INPUT_GAP: Final = "input_gap"
 # A model family's checkpoint codes (``model.errors``), outside the protocol's list.
 CHECKPOINT_ERROR: Final = "checkpoint_error"
 CHECKPOINT_UNAVAILABLE: Final = "checkpoint_unavailable"
@@ -73,6 +81,13 @@ CODES: Final[tuple[str, ...]] = (
     LOG_UNAVAILABLE,
     UNAUTHORIZED,
     INTERNAL_ERROR,
+    UNSUPPORTED_SESSION_RESUME,
+    INVALID_SESSION_RESUME,
+    SESSION_RESUME_EXPIRED,
+    INVALID_RESUME_TOKEN,
+    SESSION_RESUME_CONFLICT,
+    SESSION_NOT_HERE,
+    INPUT_GAP,
 )
 
 ERROR_TYPES: Final[dict[str, ErrorType]] = {

@@ -34,7 +34,7 @@ import trio
 from . import __version__, error_codes
 from . import close_reasons as reasons
 from .admission import LogUnavailable, ResourceExhausted
-from .audio import SAMPLE_RATE, encode_f32
+from .audio import FORMATS, SAMPLE_RATE, encode_f32
 from .config import DEFAULT_TICK_POLICY
 from .counters import Counters
 from .log import records as r
@@ -147,6 +147,36 @@ class SessionHandle:
         if queued:
             self.input_held_since = None
         return queued
+
+    @property
+    def last_client_event_id(self) -> str | None:
+        """The client event id of the last client command the session handled."""
+        return self._actor.last_client_event_id
+
+    async def log_record(self, record: r.Detach | r.Resume) -> None:
+        """Log and apply a record of the session's connection (``detach``, ``resume``: they
+        emit nothing); returns once it is applied (a ``resume`` once it is durable too)."""
+        await self._send(record, applied=True)
+
+    def protect_backlog(self, frames: int) -> None:
+        """The next ``frames`` frames are a resumed client's re-sent input: never drained."""
+        self._actor.undrainable_until = self.core.frames_in + frames
+
+    async def trim_resent(self, audio: bytes, format: str, start: int) -> bytes | None:
+        """Of an append that starts at client sample ``start``, what the session does not hold
+        yet (None: nothing). A start past what the session holds is refused (``input_gap``)."""
+        await self.wait_handled()
+        received = self.core.client_samples
+        if start > received:
+            await self.reject(
+                "input_audio_buffer.append",
+                error_codes.INPUT_GAP,
+                f"input_samples_start {start} is past the {received} samples the session holds: "
+                "re-send from input_samples_received",
+            )
+            return None
+        skip = (received - start) * FORMATS.get(format, 2)
+        return audio[skip:] or None
 
     async def wait_handled(self) -> None:
         """Until the session has applied every command sent so far (appends queued without a
@@ -368,6 +398,12 @@ class DuplexServer(Generic[SchedulerT]):
         self._opus_lock = trio.Lock()
         # The voice aliases sessions resolve (model/voices.py), recorded in every log's header.
         self.voice_aliases: dict[str, str] = {}
+        # Resumable sessions by id (``web/resumable.py``), from open until they end.
+        self.resumable: dict[str, Any] = {}
+
+    def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run a task for as long as the server runs (beyond the connection that started it)."""
+        self._nursery.start_soon(fn, *args)
 
     async def get_opus_pool(self) -> OpusPool:
         """The Opus codec pool (``opus_workers`` processes), started on the first call; it runs

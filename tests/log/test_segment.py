@@ -53,6 +53,8 @@ def every_kind() -> list[r.Record]:
         r.TextItem(role="system", text="Speak French. ✓", item_id="msg_1", client_event_id="ti"),
         r.TextItem(role="user", text="hello"),
         r.RetrieveItem(item_id="item_x_0", client_event_id="r"),
+        r.Detach(attachment=1, reason="dropped"),
+        r.Resume(2, 10, 11, 14, 48000, "c", "resumed"),
         r.Heartbeat(client_event_id="hb"),
         r.PlaybackAck(payload={"item_id": "i", "audio_end_ms": 240}),
         r.Close(reason="client_close"),

@@ -43,6 +43,7 @@ def test_every_client_event_of_the_dialect_parses(dialect: str) -> None:
         "response.cancel": {"response_id": "resp_1"},
         "playback.ack": {"played_ms": 80},
         "session.event_ack": {"server_event_seq": 3},
+        "session.resume": {"session_id": "sess_1", "resume_token": "t", "last_received_server_event_seq": 4},
         "session.create": {"session": {"voice": "NATF2.pt"}},
         "conversation.item.truncate": {"item_id": "item_x_0", "content_index": 0, "audio_end_ms": 320},
         "conversation.item.retrieve": {"item_id": "item_x_0"},

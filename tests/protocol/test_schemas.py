@@ -80,6 +80,7 @@ def test_client_events_validate_and_unknown_or_malformed_do_not(dialect: str) ->
         "input_audio_buffer.append": wire.InputAudioBufferAppend("AAAA", format="pcm16"),
         "playback.ack": wire.PlaybackAck({"played_ms": 1}),
         "session.event_ack": wire.SessionEventAck(1),
+        "session.resume": wire.SessionResume("sess_1", "token", 3),
         "conversation.item.truncate": wire.ConversationItemTruncate("item_x_0", 0, 320),
         "conversation.item.create": wire.ConversationItemCreate({"type": "message", "role": "user"}),
         "conversation.item.retrieve": wire.ConversationItemRetrieve("item_x_0"),

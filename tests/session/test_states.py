@@ -43,6 +43,8 @@ def sample(kind: str) -> r.Record:
         "truncate": r.Truncate("item_x", 0, 240, "t"),
         "text_item": r.TextItem("user", "hello", None, "ti"),
         "retrieve_item": r.RetrieveItem("item_0123456789abcdef01234567_0", "ri"),
+        "detach": r.Detach(1, "dropped"),
+        "resume": r.Resume(2, 3, 4, 5, 1920, "c"),
     }
     return records[kind]
 
@@ -50,7 +52,7 @@ def sample(kind: str) -> r.Record:
 KINDS = [
     "header", "open", "update", "append", "clear_input", "clear_output", "cancel",
     "heartbeat", "playback_ack", "rejected", "step", "close", "end", "pad", "align_hint", "drain",
-    "truncate", "text_item", "retrieve_item",
+    "truncate", "text_item", "retrieve_item", "detach", "resume",
 ]  # fmt: skip
 
 
@@ -85,6 +87,7 @@ TABLE: dict[State, dict[str, tuple[State, str | None]]] = {
         "pad": (OPEN, None), "align_hint": (OPEN, None), "drain": (OPEN, None),
         "truncate": (OPEN, None), "text_item": (OPEN, None),
         "retrieve_item": (OPEN, "item_retrieve_invalid_item_id"),
+        "detach": (OPEN, None), "resume": (OPEN, None),
     },
     RESP: {
         "header": BUG, "open": BUG, "end": BUG,
@@ -93,6 +96,7 @@ TABLE: dict[State, dict[str, tuple[State, str | None]]] = {
         "rejected": (RESP, "commit_unsupported"), "step": (RESP, None), "close": (CLOSED, None),
         "pad": (RESP, None), "align_hint": (RESP, None), "drain": (RESP, None),
         "truncate": (RESP, None), "text_item": (RESP, None), "retrieve_item": (RESP, None),
+        "detach": (RESP, None), "resume": (RESP, None),
     },
     ERR: {"close": (CLOSED, None)},
     CLOSED: {"end": (CLOSED, None)},

@@ -1,5 +1,5 @@
 """What the connection writes for an outbound event is ``json.dumps`` to the byte, whether or not
-its base64 audio is spliced in (web/connection.py)."""
+its base64 audio is spliced in (web/wire_text.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex_actors.web.connection import _wire
+from duplex_actors.web.wire_text import wire_message
 
 values = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=40))
 audio = st.one_of(
@@ -27,8 +27,8 @@ audio = st.one_of(
 )
 def test_an_event_is_its_json_to_the_byte(fields: dict[str, Any], field: str, data: str) -> None:
     message = {"type": "response.output_audio.delta", **fields, field: data, "metadata": {"text": data[:9]}}
-    assert _wire(message) == json.dumps(message, separators=(",", ":"))
+    assert wire_message(message) == json.dumps(message, separators=(",", ":"))
 
 
 def test_bytes_go_as_they_are() -> None:
-    assert _wire(b"\x00\x01") == b"\x00\x01"
+    assert wire_message(b"\x00\x01") == b"\x00\x01"

@@ -29,7 +29,9 @@ import attrs
 # it (older logs opened with the defaults, and still replay so).
 # 6: the fields one update or opening config refuses get one error naming them all (older logs
 # got one error per field, and still replay so).
-FORMAT_VERSION: Final = 6
+# 7: ``detach`` and ``resume`` records (docs/protocol.md §9): a resumable session's connection
+# dropped and came back; neither changes what the session emits.
+FORMAT_VERSION: Final = 7
 _JSON_LEN = struct.Struct("<I")
 
 
@@ -227,6 +229,34 @@ class RetrieveItem:
     client_event_id: str | None = None
 
 
+@attrs.frozen(slots=True)
+class Detach:
+    """The connection of attachment ``attachment`` ended without closing the session (a
+    resumable session): ``reason`` is ``dropped``, ``read_timeout`` or ``replaced``. Nothing
+    is emitted; the session waits for a resume within its grace."""
+
+    KIND: ClassVar[int] = 20
+    attachment: int
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class Resume:
+    """Attachment ``attachment`` took the session over: the client had seen output up to
+    ``cursor`` and gets ``replay_from`` to ``last_server_event_seq`` again; the session held
+    ``input_samples_received`` of its input (the client's samples, pads excluded). Nothing is
+    emitted: a resumed session's events and audio equal an uninterrupted run's."""
+
+    KIND: ClassVar[int] = 21
+    attachment: int
+    cursor: int
+    replay_from: int
+    last_server_event_seq: int
+    input_samples_received: int
+    last_client_event_id: str | None = None
+    outcome: str = "resumed"
+
+
 Record = (
     Header
     | Open
@@ -247,6 +277,8 @@ Record = (
     | Truncate
     | TextItem
     | RetrieveItem
+    | Detach
+    | Resume
 )
 RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Header,
@@ -268,6 +300,8 @@ RECORD_TYPES: Final[tuple[type[Any], ...]] = (
     Truncate,
     TextItem,
     RetrieveItem,
+    Detach,
+    Resume,
 )
 BY_KIND: Final[dict[int, type[Any]]] = {cls.KIND: cls for cls in RECORD_TYPES}
 KIND_NAMES: Final[dict[type[Any], str]] = {
@@ -290,6 +324,8 @@ KIND_NAMES: Final[dict[type[Any], str]] = {
     Truncate: "truncate",
     TextItem: "text_item",
     RetrieveItem: "retrieve_item",
+    Detach: "detach",
+    Resume: "resume",
 }
 
 

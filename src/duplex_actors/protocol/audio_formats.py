@@ -165,6 +165,23 @@ def append_pad_ms(append: InputAudioBufferAppend) -> int:
     return pad
 
 
+def append_samples_start(append: InputAudioBufferAppend) -> int | None:
+    """The append's ``input_samples_start`` (None when absent); anything but a non-negative
+    integer refuses the append with ``invalid_value``."""
+    start = append.input_samples_start
+    if start is None:
+        return None
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ProtocolError(
+            codes.INVALID_VALUE,
+            f"input_samples_start must be a non-negative integer, not {clip(repr(start), 64)}",
+            param="input_samples_start",
+            event_type=append.TYPE,
+            client_event_id=append.event_id,
+        )
+    return start
+
+
 def ga_output_format(value: Any, *, ctx: dict[str, Any]) -> str:
     """GA ``audio.output.format``: ``{type, rate}`` or a bare name; the rate must be the format's."""
     param = "session.audio.output.format"

@@ -92,25 +92,33 @@ def _unstructure_playback_ack(event: PlaybackAck) -> dict[str, Any]:
 
 
 def _structure_session_create(value: dict[str, Any], _: Any) -> SessionCreate:
-    # binary_output is an output option of the connection, not session config: never echoed.
+    # binary_output and resume are options of the connection, not session config: never echoed.
+    options = ("binary_output", "resume")
     if "session" in value:
         session = value["session"]
         if not isinstance(session, dict):
             raise TypeError(f"session: expected an object, got {json_type(session)}")
-        binary = value.get("binary_output", session.get("binary_output", False))
-        session = {k: v for k, v in session.items() if k != "binary_output"}
+        found = {k: value.get(k, session.get(k, False)) for k in options}
+        session = {k: v for k, v in session.items() if k not in options}
     else:
-        binary = value.get("binary_output", False)
-        session = {k: v for k, v in value.items() if k not in _ENVELOPE and k != "binary_output"}
-    if not isinstance(binary, bool):
-        raise TypeError(f"binary_output: expected a boolean, got {json_type(binary)}")
+        found = {k: value.get(k, False) for k in options}
+        session = {k: v for k, v in value.items() if k not in _ENVELOPE and k not in options}
+    for name, flag in found.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a boolean, got {json_type(flag)}")
     return SessionCreate(
-        session=session, binary_output=binary, event_id=_optional_str(value.get("event_id"), "event_id")
+        session=session,
+        binary_output=bool(found["binary_output"]),
+        resume=bool(found["resume"]),
+        event_id=_optional_str(value.get("event_id"), "event_id"),
     )
 
 
 def _unstructure_session_create(event: SessionCreate) -> dict[str, Any]:
-    return {"session": event.session, "binary_output": event.binary_output, "event_id": event.event_id}
+    out = {"session": event.session, "binary_output": event.binary_output, "event_id": event.event_id}
+    if event.resume:
+        out["resume"] = True
+    return out
 
 
 def _tag(cls: type) -> str:

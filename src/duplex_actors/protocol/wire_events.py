@@ -53,6 +53,9 @@ class InputAudioBufferAppend:
     # Any JSON value is taken here so that a wrong one is refused as invalid_value (the
     # contract's code), not as a malformed event; ``codec.append_pad_ms`` checks it.
     pad_ms: Any = attrs.field(default=None, metadata={SCHEMA: int | None})
+    # After a resume: where this chunk starts in the client's input (its samples at its rate,
+    # the unit of ``input_samples_end``); audio the session already holds is dropped.
+    input_samples_start: Any = attrs.field(default=None, metadata={SCHEMA: int | None})
 
 
 @attrs.frozen(slots=True)
@@ -138,6 +141,22 @@ class SessionCreate:
     session: dict[str, Any] = attrs.field(factory=dict)
     binary_output: bool = False
     event_id: str | None = None
+    resume: bool = False  # a resumable session (docs/protocol.md §9)
+
+
+@attrs.frozen(slots=True)
+class SessionResume:
+    """The first message of a connection that takes a resumable session over (both JSON
+    dialects, docs/protocol.md §9): the session, its current token, and the last
+    ``server_event_seq`` the client received (0: none). ``accept_gap``: resume from the oldest
+    message kept when the cursor was evicted."""
+
+    TYPE: ClassVar[str] = "session.resume"
+    session_id: str
+    resume_token: str
+    last_received_server_event_seq: int = 0
+    accept_gap: bool = False
+    event_id: str | None = None
 
 
 @attrs.frozen(slots=True)
@@ -188,6 +207,7 @@ _COMMON_CLIENT_EVENTS = (
     | SessionHeartbeat
     | PlaybackAck
     | SessionEventAck
+    | SessionResume
 )
 RealtimeClientEvent = (
     _COMMON_CLIENT_EVENTS | ConversationItemTruncate | ConversationItemCreate | ConversationItemRetrieve
@@ -207,6 +227,7 @@ _COMMON_CLIENT_CLASSES: tuple[type[Any], ...] = (
     SessionHeartbeat,
     PlaybackAck,
     SessionEventAck,
+    SessionResume,
 )
 REALTIME_CLIENT_EVENTS: tuple[type[Any], ...] = (
     *_COMMON_CLIENT_CLASSES,
@@ -355,6 +376,10 @@ class RealtimeSessionCreated:
     TYPE: ClassVar[str] = "session.created"
     event_id: str
     session: SessionObject
+    # A resumable session's first message only (docs/protocol.md §9): its token, never journaled.
+    resume_token: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    attachment_generation: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    resume_grace_s: float | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen(slots=True)
@@ -630,6 +655,49 @@ class RealtimeSessionClosed:
     server_event_seq: int | None = attrs.field(default=None, metadata=_DUPLEX_ONLY)
 
 
+@attrs.frozen(slots=True)
+class SessionResumed:
+    """The answer to ``session.resume`` (both dialects; no ``server_event_seq``): the new
+    attachment, the next token, the messages replayed next (``replay_from_server_event_seq`` to
+    ``last_server_event_seq``), and the client input the session holds, from which the client
+    re-sends."""
+
+    TYPE: ClassVar[str] = "session.resumed"
+    session_id: str
+    attachment_generation: int
+    resume_token: str
+    last_server_event_seq: int
+    replay_from_server_event_seq: int
+    input_samples_received: int
+    last_client_event_id: str | None
+    resume_grace_s: float
+    event_id: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+
+
+@attrs.frozen(slots=True)
+class SessionReplaced:
+    """To a connection whose session another connection took over (then close 1000)."""
+
+    TYPE: ClassVar[str] = "session.replaced"
+    session_id: str
+    attachment_generation: int
+    event_id: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+
+
+@attrs.frozen(slots=True)
+class SessionResyncRequired:
+    """The client's cursor is older than the oldest message kept: resume again with
+    ``accept_gap`` (from ``oldest_server_event_seq``) or open a new session."""
+
+    TYPE: ClassVar[str] = "session.resync_required"
+    session_id: str
+    reason: str
+    oldest_server_event_seq: int
+    event_id: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+
+
+RESUME_SERVER_EVENTS: tuple[type[Any], ...] = (SessionResumed, SessionReplaced, SessionResyncRequired)
+
 REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
     RealtimeSessionCreated,
     RealtimeSessionUpdated,
@@ -658,6 +726,7 @@ REALTIME_SERVER_EVENTS: tuple[type[Any], ...] = (
     RealtimeError,
     RealtimeSessionClosing,
     RealtimeSessionClosed,
+    *RESUME_SERVER_EVENTS,
 )
 
 
@@ -675,6 +744,10 @@ class NativeSessionCreated:
     TYPE: ClassVar[str] = "session.created"
     session_id: str
     session: dict[str, Any]
+    # A resumable session's first message only (docs/protocol.md §9): its token, never journaled.
+    resume_token: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    attachment_generation: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
+    resume_grace_s: float | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @attrs.frozen(slots=True)
@@ -811,4 +884,5 @@ NATIVE_SERVER_EVENTS: tuple[type[Any], ...] = (
     NativeError,
     NativeSessionClosing,
     NativeSessionClosed,
+    *RESUME_SERVER_EVENTS,
 )

@@ -40,7 +40,8 @@ LOG_ROOM_TIMEOUT_S = 2.0
 # ``session.heartbeat_ack``, ``playback.acknowledged``): applied, so acknowledged, only once the
 # record is durable. Waiting here keeps the events in log order (replay stays byte-identical);
 # audio deltas (step records) do not wait for their own commit.
-ACKNOWLEDGED: tuple[type[r.Record], ...] = (r.Update, r.Heartbeat, r.PlaybackAck)
+# A ``resume`` is durable before the resumed client is answered.
+ACKNOWLEDGED: tuple[type[r.Record], ...] = (r.Update, r.Heartbeat, r.PlaybackAck, r.Resume)
 
 
 class SessionLogHandle(Protocol):
@@ -130,6 +131,10 @@ class SessionActor:
         )
         self._tail_before_pad: int | None = None  # the tail before a client pad, for its append
         self._burst_floor_ms = burst_floor_ms  # the server's pre-tick burst, for the aligner
+        self.last_client_event_id: str | None = None  # of the last client command handled
+        # After a resume, the frames up to this index are the client's re-sent backlog: never
+        # drained (the client sent them once already; they are the conversation).
+        self.undrainable_until = 0
 
     @property
     def session_id(self) -> str:
@@ -303,6 +308,7 @@ class SessionActor:
         """Whether a queued frame of this session may be drained now."""
         return not (
             self.core.alignment == "off"
+            or self.core.frames_stepped < self.undrainable_until
             or self.inbox.closed
             or self.log_error is not None
             or self.core.state not in (State.OPEN, State.RESPONDING)
@@ -367,6 +373,9 @@ class SessionActor:
                 self._send(ev.Error(error_codes.LOG_UNAVAILABLE, f"the session log cannot be written: {exc}"))
                 if not isinstance(record, r.Close):
                     record = r.Close(reasons.LOG_UNAVAILABLE)
+        event_id = getattr(record, "client_event_id", None)
+        if event_id is not None and not isinstance(record, r.Step):
+            self.last_client_event_id = event_id
         counters = self.counters
         if counters is not None and isinstance(record, r.Step) and record.epoch != self.core.epoch:
             counters.dropped["stale_epoch"] += 1

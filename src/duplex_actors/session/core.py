@@ -277,7 +277,7 @@ _COMMANDS: Final = frozenset(
     }
 )
 # What the shell itself writes into a live session: step results, alignment, drains, the close.
-_SHELL: Final = frozenset({r.Step, r.Close, r.Pad, r.AlignHint, r.Drain})
+_SHELL: Final = frozenset({r.Step, r.Close, r.Pad, r.AlignHint, r.Drain, r.Detach, r.Resume})
 # The records each state takes. Anything else is refused: in CLOSED with ``session_closed``,
 # in ERROR with ``internal_error``, elsewhere with ``internal_error`` and a move to ERROR. A
 # taken record can still be refused by its own checks (bad audio, a locked voice, ...).
@@ -339,6 +339,10 @@ class SessionCore:
         self._events = hashlib.sha256()
         self._audio = hashlib.sha256()
         self.events_emitted = 0
+        # A resumable session's connection (docs/protocol.md §9): which attachment holds it, and
+        # whether one does. Neither changes what the session emits.
+        self.attachment = 1
+        self.attached = True
 
     # -- derived state ------------------------------------------------------------------------
     @property
@@ -464,6 +468,11 @@ class SessionCore:
                 out.append(ReleaseSlot())  # session.closed goes out once the slot is reset
                 self._emit(out, ev.SessionClosed(self.session_id, record.reason))
                 self.state = State.CLOSED
+            case r.Detach():
+                self.attached = False
+            case r.Resume():
+                self.attached = True
+                self.attachment = record.attachment
             case r.End():
                 pass  # the log's trailer: digests, checked by the replayer
         return out

@@ -87,6 +87,7 @@ class AsgiWebSocket:
         ).args
         self.accepted = False
         self.closed = False
+        self.disconnect_code: int | None = None  # the client's close code (1006: dropped)
         self.cancel_scope = trio.CancelScope()
 
     async def accept(self, subprotocol: str | None = None) -> None:
@@ -118,7 +119,7 @@ class AsgiWebSocket:
                 data: WireMessage = message.get("bytes") or message["text"]
                 return data
             if kind == "websocket.disconnect":
-                self.disconnected()
+                self.disconnected(message.get("code"))
                 await trio.sleep_forever()  # cancelled: the handler ends here
             # websocket.connect (hypercorn's first message): nothing to hand on
 
@@ -146,8 +147,11 @@ class AsgiWebSocket:
         await self._send({"type": "websocket.close", "code": code, "reason": reason})
         self.closed = True
 
-    def disconnected(self) -> None:
-        """The client is gone: the handler is cancelled (its session closes ``disconnect``)."""
+    def disconnected(self, code: int | None = None) -> None:
+        """The client is gone (``code``: its close code, 1006 when the socket dropped): the
+        handler is cancelled (its session closes ``disconnect``, or a resumable one detaches)."""
+        if self.disconnect_code is None:
+            self.disconnect_code = code
         self.cancel_scope.cancel()
 
     async def reply(self, rendered: RenderedReply) -> None:

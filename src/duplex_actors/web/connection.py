@@ -20,10 +20,10 @@ sender. A client held back continuously for ``RateLimits.persist_s`` is closed `
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -33,11 +33,33 @@ from .. import error_codes
 from ..admission import LogUnavailable, ResourceExhausted
 from ..counters import Counters
 from ..faults import Faults
+from ..protocol import wire_events as pe
+from ..protocol.converter import encode_server_event
 from ..protocol.errors import ProtocolError
 from ..server import DuplexServer, SessionHandle, SlotReservation
 from ..session import events as ev
+from ..session.journal import CursorAhead
 from .budget import InputBudget, RateLimits
-from .dialects import AppendCommand, Dialect, Opening, OutboundMessage, Projection, WireMessage
+from .dialects import (
+    AppendCommand,
+    Dialect,
+    EventAckCommand,
+    HeartbeatCommand,
+    Opening,
+    OutboundMessage,
+    Projection,
+    WireMessage,
+)
+from .resumable import (
+    DROPPED,
+    READ_TIMEOUT,
+    REPLACED,
+    ResumableSession,
+    ResumeRefused,
+    ResumeSettings,
+    ResyncRequired,
+)
+from .wire_text import wire_message
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +76,9 @@ CLOSE_CODES = {
 }
 
 
-def capabilities(max_sessions: int) -> dict[str, Any]:
-    """The session object's ``capabilities`` for model-native duplex (identical for every session)."""
+def capabilities(max_sessions: int, *, resume: bool = False) -> dict[str, Any]:
+    """The session object's ``capabilities`` for model-native duplex (identical for every
+    session); ``resume``: sessions may opt in to resume (docs/protocol.md §9)."""
     multi = max_sessions > 1
     return {
         "implementation_level": "model_native_duplex",
@@ -63,7 +86,7 @@ def capabilities(max_sessions: int) -> dict[str, Any]:
         "supports_client_commit": False,
         "supports_external_turn_signal": False,
         "supports_barge_in": False,
-        "supports_session_resume": False,
+        "supports_session_resume": resume,
         "supports_audio_truncate": False,
         "supports_playback_ack": True,
         "supports_input_append": True,
@@ -81,7 +104,6 @@ HOLD_QUANTUM_S = 0.02
 _NOTHING: Any = object()  # no message pending
 # Messages the writer sends in one write at most (a client far behind gets them in several).
 MAX_BATCH_MESSAGES = 64
-_DUMPS = json.JSONEncoder(separators=(",", ":")).encode  # built once: json.dumps builds one per call
 
 
 class Transport:
@@ -94,11 +116,14 @@ class Transport:
         send: Callable[[WireMessage], Awaitable[object]],
         close: Callable[[int, str], Awaitable[object]],
         send_many: Callable[[list[WireMessage]], Awaitable[object]] | None = None,
+        disconnect_code: Callable[[], int | None] | None = None,
     ) -> None:
         self.receive = receive
         self.send = send
         self.close = close
         self.send_many = send_many or self._send_each
+        # The close code the client's disconnect came with (None: not known, or not yet).
+        self.disconnect_code = disconnect_code or (lambda: None)
 
     async def _send_each(self, messages: list[WireMessage]) -> None:
         for message in messages:
@@ -124,8 +149,16 @@ class Connection:
         faults: Faults | None = None,
         reservation: SlotReservation | None = None,
         rate_limits: RateLimits | None = None,
+        resume: ResumeSettings | None = None,
+        key_fingerprint: bytes = b"",
     ) -> None:
         self.server = server
+        self.resume_settings = resume or ResumeSettings(grace_s=0)
+        self.key_fingerprint = key_fingerprint
+        self.resumable: ResumableSession | None = None  # a resumable session's shared state
+        self.generation = 1  # the attachment this connection is (resumable sessions)
+        self._replaced = False  # another connection took the session over
+        self._detach_reason: str | None = None
         self.rate_limits = rate_limits or RateLimits()
         self.reservation = reservation  # the slot held at the handshake, if any
         self.transport = transport
@@ -143,7 +176,7 @@ class Connection:
     # -- hooks ---------------------------------------------------------------------------------
     async def send_message(self, message: OutboundMessage) -> None:
         """Send one message by itself (a refusal; the writer sends its batches in one write)."""
-        await self.transport.send(_wire(message))
+        await self.transport.send(wire_message(message))
 
     # -- for the hooks ---------------------------------------------------------------------------
     @property
@@ -207,13 +240,85 @@ class Connection:
             await self.refuse(error_codes.LOG_UNAVAILABLE, str(exc), 1011)
             return
         projection = self.dialect.projection(self.session.session_id)
+        writer: Callable[[], Awaitable[None]] = partial(self.write_events, projection)
+        if opening.resume and self.resume_settings.enabled:
+            rs = self.resumable = ResumableSession(
+                self.server,
+                self.session,
+                projection,
+                key_fingerprint=self.key_fingerprint,
+                settings=self.resume_settings,
+                counters=self.counters,
+                dialect=self.dialect.name,
+            )
+            self.server.resumable[rs.session_id] = rs
+            rs.replace_attachment = self._replace
+            self.server.start_soon(rs.pump)
+            writer = partial(self.write_journal, rs, 0, first=True)
+        await self._serve(writer, opening.pending)
+
+    async def resume(self, request: pe.SessionResume) -> None:
+        """Take a resumable session over (the first message was ``session.resume``): refused
+        with an error and a close, or answered ``session.resumed``, the journal after the
+        client's cursor, then live output."""
+        rs = self.server.resumable.get(request.session_id)
+        try:
+            if rs is None:
+                raise ResumeRefused(
+                    error_codes.SESSION_RESUME_EXPIRED,
+                    "no such session here: it ended, its grace expired, or another process holds it",
+                    1000,
+                )
+            if rs.dialect != self.dialect.name:
+                raise ResumeRefused(
+                    error_codes.INVALID_SESSION_RESUME, f"the session was opened on {rs.dialect}", 1008
+                )
+            claim = rs.claim(request, self.key_fingerprint)
+        except ResumeRefused as exc:
+            self.counters.resumes[exc.code] += 1
+            await self.refuse(exc.code, str(exc), exc.close_code, request.event_id)
+            return
+        except ResyncRequired as exc:
+            self.counters.resumes["resync_required"] += 1
+            assert rs is not None
+            message = pe.SessionResyncRequired(
+                rs.session_id, "journal_gap", exc.oldest, _resume_event_id(rs, "y")
+            )
+            await self.send_message(encode_server_event(message))
+            await self._close(1000, "resync_required")
+            return
+        try:
+            record = await rs.take_over(claim)
+        except BaseException:
+            rs.abandon()
+            raise
+        self.session = rs.handle
+        self.resumable = rs
+        self.generation = claim.generation
+        rs.replace_attachment = self._replace
+        resumed = pe.SessionResumed(
+            session_id=rs.session_id,
+            attachment_generation=claim.generation,
+            resume_token=claim.token,
+            last_server_event_seq=record.last_server_event_seq,
+            replay_from_server_event_seq=record.replay_from,
+            input_samples_received=record.input_samples_received,
+            last_client_event_id=record.last_client_event_id,
+            resume_grace_s=rs.settings.grace_s,
+            event_id=_resume_event_id(rs, f"r{claim.generation}"),
+        )
+        preamble = [wire_message(encode_server_event(resumed))]
+        await self._serve(partial(self.write_journal, rs, claim.replay_from - 1, preamble=preamble), None)
+
+    async def _serve(self, writer: Callable[[], Awaitable[None]], pending: WireMessage | None) -> None:
+        assert self.session is not None
         reason = reasons.DISCONNECT  # the handler is cancelled when the client's socket drops
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self.write_events, projection)
-                if opening.pending is not None:
-                    await self.handle_message(opening.pending)
+                nursery.start_soon(writer)
+                if pending is not None:
+                    await self.handle_message(pending)
                 await self._reader()
         except Exception:
             reason = reasons.ERROR
@@ -221,12 +326,83 @@ class Connection:
         finally:
             self._nursery = None  # closed: a late drain() must not start tasks in it
             with trio.CancelScope(shield=True):
-                if self.session is not None and not self.session.closed:
-                    await self.session.close(reason)
+                await self._end(reason)
+
+    async def _end(self, reason: str) -> None:
+        """The connection is over: close its session, or, for a resumable one that the client
+        did not close, detach it (the session waits for a resume)."""
+        session, rs = self.session, self.resumable
+        if session is None or session.closed:
+            return
+        if rs is None:
+            await session.close(reason)
+            return
+        if self._replaced:
+            await rs.detach(self.generation, REPLACED)
+            replaced = pe.SessionReplaced(
+                rs.session_id, self.generation, _resume_event_id(rs, f"x{self.generation}")
+            )
+            with trio.move_on_after(1.0):
+                try:
+                    await self.send_message(encode_server_event(replaced))
+                    await self._close(1000, "session_replaced")
+                except Exception:
+                    pass  # a half-open socket: nobody reads it
+            return
+        dropped = self._detach_reason is not None or (
+            reason == reasons.DISCONNECT and self.transport.disconnect_code() not in (1000, 1001)
+        )
+        if dropped and not self.draining:
+            await rs.detach(self.generation, self._detach_reason or DROPPED)
+        else:
+            await session.close(reason)
+
+    def _replace(self) -> None:
+        """Another connection takes this one's session over: stop reading and writing."""
+        self._replaced = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def write_journal(
+        self,
+        rs: ResumableSession,
+        cursor: int,
+        *,
+        first: bool = False,
+        preamble: list[WireMessage] | None = None,
+    ) -> None:
+        """The writer of a resumable session: the journal from ``cursor`` on, after
+        ``session.created`` with the token (``first``) or ``preamble`` (``session.resumed``)."""
+        batch: list[WireMessage] = list(preamble or [])
+        if first:
+            await rs.wait_created()
+            if rs.created is not None:
+                batch.insert(0, wire_message(rs.created_message(rs.credential.issue())))
+        while True:
+            messages = await rs.next_messages(cursor, MAX_BATCH_MESSAGES)
+            if not messages:
+                break
+            batch.extend(messages)
+            await self.transport.send_many(batch)
+            cursor += len(messages)
+            rs.sent = max(rs.sent, cursor)
+            batch = []
+        if batch:
+            await self.transport.send_many(batch)
+        session = self.session
+        assert session is not None
+        await session.wait_closed()
+        await self.end_writing(None)
 
     def drain(self) -> None:
         """Server shutdown: tell the client, close the session, close the socket with 1012."""
         self.draining = True
+        rs = self.resumable
+        if rs is not None and not self._closing_sent:
+            self._closing_sent = True
+            closing = rs.projection.closing_event(reasons.SERVER_SHUTDOWN)
+            if closing is not None:
+                rs.add_closing(wire_message(closing))
         if self.session is not None and self._nursery is not None and not self.session.closed:
             try:
                 self._nursery.start_soon(self.session.close, reasons.SERVER_SHUTDOWN)
@@ -251,8 +427,8 @@ class Connection:
                     self._closing_sent = True
                     closing = projection.closing_event(reasons.SERVER_SHUTDOWN)
                     if closing is not None:
-                        batch.append(_wire(closing))
-                batch.extend(_wire(message) for message in projection.project(event))
+                        batch.append(wire_message(closing))
+                batch.extend(wire_message(message) for message in projection.project(event))
                 if isinstance(event, ev.SessionClosed):
                     closed = event
                     break
@@ -292,6 +468,9 @@ class Connection:
                 with trio.move_on_after(IDLE_GRACE_S) as grace:
                     data = await self.transport.receive()
                 if grace.cancelled_caught:
+                    if self.resumable is not None:
+                        self._detach_reason = READ_TIMEOUT  # a half-open client: it may come back
+                        return
                     await session.close(reasons.TIMEOUT)
                     return
             if data is not _NOTHING and not await self._admit_and_handle(budget, data):
@@ -361,6 +540,17 @@ class Connection:
             return
         if type(command) is not AppendCommand and not await self._control_budget(data):
             return
+        rs = self.resumable
+        if rs is not None and type(command) is EventAckCommand:
+            try:
+                rs.ack(command.server_event_seq)
+            except CursorAhead as exc:
+                await session.reject(
+                    pe.SessionEventAck.TYPE, error_codes.INVALID_EVENT_ACK, str(exc), command.client_event_id
+                )
+            return
+        if rs is not None and type(command) is HeartbeatCommand:
+            rs.prove()
         try:
             # An append that needs no wait is queued without a trip through the scheduler (the
             # next receive is the reader's checkpoint); any other, or one that must wait, is awaited.
@@ -370,30 +560,11 @@ class Connection:
             pass  # the session ended meanwhile (slow consumer, log failure): the writer closes
 
 
-def _wire(message: OutboundMessage) -> WireMessage:
-    if isinstance(message, bytes):
-        return message
-    for field in _AUDIO_FIELDS:
-        audio = message.get(field)
-        if (
-            type(audio) is str
-            and len(audio) >= _SPLICE_FROM
-            and audio.isascii()
-            and not audio.encode("ascii").translate(None, _BASE64_ALPHABET)
-        ):
-            # Base64 is its own JSON: splice it into the text of the rest rather than have the
-            # encoder escape it character by character (the same bytes, a third of the time).
-            head, _, tail = _DUMPS({**message, field: _SPLICED}).partition(f'"{field}":"{_SPLICED}"')
-            return f'{head}"{field}":"{audio}"{tail}'
-    return _DUMPS(message)
-
-
-# The fields that hold an outbound event's base64 audio (Realtime's delta, the native JSON
-# frame's audio); a transcript's delta is text, and is encoded as usual unless it is as plain.
-_AUDIO_FIELDS = ("delta", "audio")
-_SPLICE_FROM = 256
-_SPLICED = "duplex-actors-spliced-audio"
-_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+def _resume_event_id(rs: ResumableSession, suffix: str) -> str | None:
+    """The ``event_id`` of a resume message: Realtime events have one, native ones none."""
+    if rs.dialect != "realtime":
+        return None
+    return f"evt_{rs.session_id.removeprefix('sess_')}_{suffix}"
 
 
 __all__ = ["Connection", "Transport", "capabilities"]

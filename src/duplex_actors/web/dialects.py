@@ -43,6 +43,7 @@ class Opening:
     config: dict[str, Any] = attrs.field(factory=dict)
     pending: WireMessage | None = None
     client_event_id: str | None = None
+    resume: bool = False  # the session is resumable (docs/protocol.md §9)
 
 
 class Projection(Protocol):
@@ -105,6 +106,30 @@ async def read_opening(dialect: Dialect, receive: Callable[[], Awaitable[WireMes
     raise ProtocolError(error_codes.CONFIG_TIMEOUT, dialect.first_message_timeout_message)
 
 
+# The header that carries a resume token in the handshake form of a resume (never the URL).
+RESUME_TOKEN_HEADER = "x-duplex-resume-token"
+
+
+async def read_resume(dialect: Dialect, receive: Callable[[], Awaitable[WireMessage]]) -> pe.SessionResume:
+    """The first message of a resuming connection, which must be ``session.resume`` (at most
+    ``CONFIG_TIMEOUT_S``); raises ProtocolError, which the caller sends before closing 1008."""
+    with trio.move_on_after(CONFIG_TIMEOUT_S):
+        data = await receive()
+        if not isinstance(data, str):
+            raise ProtocolError(
+                error_codes.INVALID_SESSION_RESUME, "the first message must be session.resume"
+            )
+        event = parsing.parse_client_text(data, dialect="native" if dialect.name == "native" else "realtime")
+        if not isinstance(event, pe.SessionResume):
+            raise ProtocolError(
+                error_codes.INVALID_SESSION_RESUME,
+                f"the first message of a resuming connection must be session.resume, got {event.TYPE}",
+                client_event_id=event.event_id,
+            )
+        return event
+    raise ProtocolError(error_codes.CONFIG_TIMEOUT, f"send session.resume within {CONFIG_TIMEOUT_S:.0f} s")
+
+
 @attrs.frozen(slots=True)
 class AppendCommand:
     """The command of an append: the connection queues it without a wait when it can
@@ -115,10 +140,17 @@ class AppendCommand:
     sample_rate_hz: int
     client_event_id: str | None = None
     pad_ms: int = 0  # docs/protocol.md §7: silence before this audio, a pad record before the append
+    samples_start: int | None = None  # docs/protocol.md §9: a resumed client's re-sent input
 
     async def __call__(self, session: SessionHandle) -> None:
+        audio = self.audio
+        if self.samples_start is not None:
+            trimmed = await session.trim_resent(self.audio, self.format, self.samples_start)
+            if trimmed is None:
+                return  # the session holds all of it already
+            audio = trimmed
         await session.append_bytes(
-            self.audio,
+            audio,
             self.format,
             client_event_id=self.client_event_id,
             sample_rate_hz=self.sample_rate_hz,
@@ -126,8 +158,8 @@ class AppendCommand:
         )
 
     def nowait(self, session: SessionHandle) -> bool:
-        if self.pad_ms:
-            return False  # two records in order: the awaited path
+        if self.pad_ms or self.samples_start is not None:
+            return False  # two records in order, or a trim against the applied input: awaited
         return session.append_bytes_nowait(
             self.audio, self.format, client_event_id=self.client_event_id, sample_rate_hz=self.sample_rate_hz
         )
@@ -141,7 +173,14 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
     eid = event.event_id
     if isinstance(event, pe.InputAudioBufferAppend):
         audio, fmt, rate = audio_formats.decode_append(event, config)
-        return AppendCommand(audio, fmt, rate, eid, audio_formats.append_pad_ms(event))
+        return AppendCommand(
+            audio,
+            fmt,
+            rate,
+            eid,
+            audio_formats.append_pad_ms(event),
+            audio_formats.append_samples_start(event),
+        )
     if isinstance(event, pe.SessionUpdate):
         cfg = session_config.normalize_session_config(event.session, client_event_id=eid)
         return lambda s: s.update(cfg, client_event_id=eid)
@@ -170,14 +209,22 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
         retrieved = event.item_id
         return lambda s: s.retrieve_item(retrieved, client_event_id=eid)
     if isinstance(event, pe.SessionHeartbeat):
-        return lambda s: s.heartbeat(client_event_id=eid)
+        return HeartbeatCommand(eid)
     if isinstance(event, pe.PlaybackAck):
         payload = dict(event.payload)
         return lambda s: s.playback_ack(payload, client_event_id=eid)
     if isinstance(event, pe.SessionClose):
         return lambda s: s.close(reasons.CLIENT_CLOSE)
     if isinstance(event, pe.SessionEventAck):
-        return _acknowledged
+        return EventAckCommand(event.server_event_seq, eid)
+    if isinstance(event, pe.SessionResume):
+        raise ProtocolError(
+            error_codes.UNSUPPORTED_SESSION_RESUME,
+            "session.resume is only valid as the first message of a connection whose URL names "
+            "the session (?session_id=...)",
+            event_type=event.TYPE,
+            client_event_id=eid,
+        )
     if isinstance(event, pe.InputAudioBufferCommit):
         return lambda s: _refuse_commit(s, eid)
     if isinstance(event, pe.ResponseCreate) and stock:
@@ -207,8 +254,27 @@ def _command(event: Any, config: Mapping[str, Any], *, stock: bool = False) -> C
     )
 
 
-async def _acknowledged(session: SessionHandle) -> None:
-    """``session.event_ack``: nothing is resumable, so an ack changes nothing and is not logged."""
+@attrs.frozen(slots=True)
+class EventAckCommand:
+    """``session.event_ack``: a resumable session's connection trims its journal with it
+    (``web/resumable.py``); for any other session it changes nothing and is not logged."""
+
+    server_event_seq: int
+    client_event_id: str | None = None
+
+    async def __call__(self, session: SessionHandle) -> None:
+        pass
+
+
+@attrs.frozen(slots=True)
+class HeartbeatCommand:
+    """``session.heartbeat`` (a resumable session's connection also takes it as proof that the
+    client holds its latest resume token)."""
+
+    client_event_id: str | None = None
+
+    async def __call__(self, session: SessionHandle) -> None:
+        await session.heartbeat(client_event_id=self.client_event_id)
 
 
 async def _refuse_commit(session: SessionHandle, client_event_id: str | None) -> None:
@@ -295,8 +361,14 @@ class RealtimeDialect:
                     )
                 except ProtocolError:
                     return Opening(pending=data)
-                return Opening(cfg, None, event.event_id)
+                return Opening(cfg, None, event.event_id, resume=self.duplex and _asks_resume(cfg))
         return Opening(pending=data)
+
+
+def _asks_resume(cfg: Mapping[str, Any]) -> bool:
+    """Whether an opening config has ``duplex.resume: true``."""
+    duplex = cfg.get("duplex")
+    return isinstance(duplex, Mapping) and duplex.get("resume") is True
 
 
 def _pcm16_output_only(cfg: Mapping[str, Any], *, client_event_id: str | None = None) -> None:
@@ -366,4 +438,4 @@ class NativeDialect:
             event.session, client_event_id=event.event_id, event_type=event.TYPE
         )
         _pcm16_output_only(cfg, client_event_id=event.event_id)
-        return Opening(cfg, None, event.event_id)
+        return Opening(cfg, None, event.event_id, resume=event.resume or _asks_resume(cfg))

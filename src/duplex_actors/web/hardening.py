@@ -420,7 +420,7 @@ async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) ->
                     cancel_scope.cancel()
                 hook = scope.get(DISCONNECT_HOOK_SCOPE)
                 if hook is not None:  # the raw WebSocket path (web/asgi_ws.py) ends its handler
-                    hook()
+                    hook(message.get("code"))
                 return
             try:
                 # No scheduler round per message: the frames of one read are queued together
