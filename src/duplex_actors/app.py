@@ -111,6 +111,9 @@ from .web.hardening import (
 from .web.page import install_page_routes
 from .web.resumable import ResumeSettings
 
+# The response header of every WebSocket upgrade: the id of the session it opens or resumes.
+SESSION_ID_HEADER = "X-Duplex-Session-Id"
+
 API_CHAT_PATH = "/api/chat"
 
 if TYPE_CHECKING:
@@ -562,8 +565,8 @@ class _QuartUpgrade:
         self.receive = websocket.receive
         self.send = websocket.send
 
-    async def accept(self, subprotocol: str | None = None) -> None:
-        await websocket.accept(subprotocol=subprotocol)
+    async def accept(self, subprotocol: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+        await websocket.accept(headers=dict(headers or {}), subprotocol=subprotocol)
 
     async def close(self, code: int, reason: str = "") -> None:
         await websocket.close(code, reason)
@@ -581,7 +584,9 @@ class Upgrade(Protocol):
     args: Mapping[str, str]
     scope: Mapping[str, Any]
 
-    async def accept(self, subprotocol: str | None = None) -> None: ...
+    async def accept(
+        self, subprotocol: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> None: ...
     async def receive(self) -> WireMessage: ...
     async def send(self, data: str | bytes) -> None: ...
     async def send_many(self, messages: list[str | bytes]) -> None: ...
@@ -701,7 +706,10 @@ async def _run_connection(
     *,
     resuming: bool = False,
 ) -> None:
-    await ws.accept(auth.chosen_subprotocol(ws.subprotocols))
+    # The session's id is made before the upgrade and sent on it, so that a proxy can learn
+    # where the session lives (docs/scaling.md: a resume is routed by it).
+    session_id = ws.args.get("session_id", "") if resuming else server.new_session_id()
+    await ws.accept(auth.chosen_subprotocol(ws.subprotocols), {SESSION_ID_HEADER: session_id})
     transport = Transport(
         ws.receive, ws.send, ws.close, ws.send_many, lambda: getattr(ws, "disconnect_code", None)
     )
@@ -733,6 +741,7 @@ async def _run_connection(
             max_backlog_s=holder.config.resume_max_backlog_s,
         ),
         key_fingerprint=fingerprint(auth.offered_key(ws.headers, ws.subprotocols)),
+        session_id=None if resuming else session_id,
     )
     holder.add_connection(conn)
     try:

@@ -92,7 +92,7 @@ RESUME_GRACE: Kind[float] = Kind(
     accepts=lambda v: isinstance(v, (int, float)) and 0 <= v <= MAX_RESUME_GRACE_S,
     render=repr,
 )
-RESUME = "resuming a dropped connection (docs/protocol.md §9)"
+RESUME = "resuming a dropped connection (docs/protocol.md §10)"
 
 BUDGET = "per-connection input budget (docs/operations.md)"
 SCALE_OUT = "scale-out (docs/scaling.md)"

@@ -27,7 +27,7 @@ class Counters:
         self.ignored_messages: Counter[str] = Counter()
         # Alignment pads inserted into sessions' input (24 kHz samples; docs/protocol.md §7).
         self.align_pad_samples = 0
-        # Resumable sessions (docs/protocol.md §9): detached now, detaches by reason, resumes by
+        # Resumable sessions (docs/protocol.md §10): detached now, detaches by reason, resumes by
         # outcome, takeovers of a half-open attachment, slot-seconds held while detached, and
         # the bytes their output journals keep.
         self.sessions_detached = 0

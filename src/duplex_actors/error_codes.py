@@ -42,7 +42,7 @@ SESSION_CLOSED: Final = "session_closed"
 LOG_UNAVAILABLE: Final = "log_unavailable"
 UNAUTHORIZED: Final = "unauthorized"
 INTERNAL_ERROR: Final = "internal_error"
-# Resuming a session after a dropped connection (docs/protocol.md §9).
+# Resuming a session after a dropped connection (docs/protocol.md §10).
 UNSUPPORTED_SESSION_RESUME: Final = "unsupported_session_resume"
 INVALID_SESSION_RESUME: Final = "invalid_session_resume"
 SESSION_RESUME_EXPIRED: Final = "session_resume_expired"

@@ -401,6 +401,10 @@ class DuplexServer(Generic[SchedulerT]):
         # Resumable sessions by id (``web/resumable.py``), from open until they end.
         self.resumable: dict[str, Any] = {}
 
+    def new_session_id(self) -> str:
+        """An id for a session about to open (``open_session(session_id=...)``)."""
+        return self._session_ids()
+
     def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run a task for as long as the server runs (beyond the connection that started it)."""
         self._nursery.start_soon(fn, *args)
@@ -467,6 +471,7 @@ class DuplexServer(Generic[SchedulerT]):
         output: Mapping[str, Any] | None = None,
         client_event_id: str | None = None,
         reservation: SlotReservation | None = None,
+        session_id: str | None = None,
     ) -> SessionHandle:
         """Admit a session (a free slot, else ``ResourceExhausted``: no log is written) and open it.
 
@@ -479,7 +484,9 @@ class DuplexServer(Generic[SchedulerT]):
             self._check_admitting()
             json.dumps(config or {}, allow_nan=False)  # ValueError before admission: no log
             slot = reservation.take() if reservation is not None else await self.scheduler.admit_slot()
-            session_id = self._session_ids()
+            session_id = session_id or self._session_ids()
+            if session_id in self.sessions or session_id in self.opening:
+                raise ValueError(f"session {session_id} exists")
             self.opening.add(session_id)
             try:
                 handle = self._open(session_id, dict(config or {}), dialect, output, client_event_id, slot)

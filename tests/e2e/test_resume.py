@@ -1,4 +1,4 @@
-"""Resuming a session after its connection dropped (docs/protocol.md §9), on a real server."""
+"""Resuming a session after its connection dropped (docs/protocol.md §10), on a real server."""
 
 from __future__ import annotations
 

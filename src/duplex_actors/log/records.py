@@ -29,7 +29,7 @@ import attrs
 # it (older logs opened with the defaults, and still replay so).
 # 6: the fields one update or opening config refuses get one error naming them all (older logs
 # got one error per field, and still replay so).
-# 7: ``detach`` and ``resume`` records (docs/protocol.md §9): a resumable session's connection
+# 7: ``detach`` and ``resume`` records (docs/protocol.md §10): a resumable session's connection
 # dropped and came back; neither changes what the session emits.
 FORMAT_VERSION: Final = 7
 _JSON_LEN = struct.Struct("<I")

@@ -141,13 +141,13 @@ class SessionCreate:
     session: dict[str, Any] = attrs.field(factory=dict)
     binary_output: bool = False
     event_id: str | None = None
-    resume: bool = False  # a resumable session (docs/protocol.md §9)
+    resume: bool = False  # a resumable session (docs/protocol.md §10)
 
 
 @attrs.frozen(slots=True)
 class SessionResume:
     """The first message of a connection that takes a resumable session over (both JSON
-    dialects, docs/protocol.md §9): the session, its current token, and the last
+    dialects, docs/protocol.md §10): the session, its current token, and the last
     ``server_event_seq`` the client received (0: none). ``accept_gap``: resume from the oldest
     message kept when the cursor was evicted."""
 
@@ -376,7 +376,7 @@ class RealtimeSessionCreated:
     TYPE: ClassVar[str] = "session.created"
     event_id: str
     session: SessionObject
-    # A resumable session's first message only (docs/protocol.md §9): its token, never journaled.
+    # A resumable session's first message only (docs/protocol.md §10): its token, never journaled.
     resume_token: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
     attachment_generation: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
     resume_grace_s: float | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
@@ -744,7 +744,7 @@ class NativeSessionCreated:
     TYPE: ClassVar[str] = "session.created"
     session_id: str
     session: dict[str, Any]
-    # A resumable session's first message only (docs/protocol.md §9): its token, never journaled.
+    # A resumable session's first message only (docs/protocol.md §10): its token, never journaled.
     resume_token: str | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
     attachment_generation: int | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})
     resume_grace_s: float | None = attrs.field(default=None, metadata={OMIT_IF_NONE: True})

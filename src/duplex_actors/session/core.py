@@ -339,7 +339,7 @@ class SessionCore:
         self._events = hashlib.sha256()
         self._audio = hashlib.sha256()
         self.events_emitted = 0
-        # A resumable session's connection (docs/protocol.md §9): which attachment holds it, and
+        # A resumable session's connection (docs/protocol.md §10): which attachment holds it, and
         # whether one does. Neither changes what the session emits.
         self.attachment = 1
         self.attached = True

@@ -90,10 +90,11 @@ class AsgiWebSocket:
         self.disconnect_code: int | None = None  # the client's close code (1006: dropped)
         self.cancel_scope = trio.CancelScope()
 
-    async def accept(self, subprotocol: str | None = None) -> None:
+    async def accept(self, subprotocol: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         if not self.accepted:
             self.accepted = True
-            await self._send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": []})
+            extra = [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in (headers or {}).items()]
+            await self._send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": extra})
 
     async def receive(self) -> WireMessage:
         if not self.accepted:

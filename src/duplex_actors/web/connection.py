@@ -78,7 +78,7 @@ CLOSE_CODES = {
 
 def capabilities(max_sessions: int, *, resume: bool = False) -> dict[str, Any]:
     """The session object's ``capabilities`` for model-native duplex (identical for every
-    session); ``resume``: sessions may opt in to resume (docs/protocol.md §9)."""
+    session); ``resume``: sessions may opt in to resume (docs/protocol.md §10)."""
     multi = max_sessions > 1
     return {
         "implementation_level": "model_native_duplex",
@@ -151,8 +151,10 @@ class Connection:
         rate_limits: RateLimits | None = None,
         resume: ResumeSettings | None = None,
         key_fingerprint: bytes = b"",
+        session_id: str | None = None,
     ) -> None:
         self.server = server
+        self.session_id = session_id  # made at the handshake (None: the server makes one)
         self.resume_settings = resume or ResumeSettings(grace_s=0)
         self.key_fingerprint = key_fingerprint
         self.resumable: ResumableSession | None = None  # a resumable session's shared state
@@ -232,6 +234,7 @@ class Connection:
                 output=self.dialect.output,
                 client_event_id=opening.client_event_id,
                 reservation=self.reservation,
+                session_id=self.session_id,
             )
         except ResourceExhausted as exc:
             await self.refuse(error_codes.RESOURCE_EXHAUSTED, str(exc), 1013)

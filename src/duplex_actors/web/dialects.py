@@ -43,7 +43,7 @@ class Opening:
     config: dict[str, Any] = attrs.field(factory=dict)
     pending: WireMessage | None = None
     client_event_id: str | None = None
-    resume: bool = False  # the session is resumable (docs/protocol.md §9)
+    resume: bool = False  # the session is resumable (docs/protocol.md §10)
 
 
 class Projection(Protocol):
@@ -140,7 +140,7 @@ class AppendCommand:
     sample_rate_hz: int
     client_event_id: str | None = None
     pad_ms: int = 0  # docs/protocol.md §7: silence before this audio, a pad record before the append
-    samples_start: int | None = None  # docs/protocol.md §9: a resumed client's re-sent input
+    samples_start: int | None = None  # docs/protocol.md §10: a resumed client's re-sent input
 
     async def __call__(self, session: SessionHandle) -> None:
         audio = self.audio

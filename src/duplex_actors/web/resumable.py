@@ -1,4 +1,4 @@
-"""A resumable session: what outlives its WebSocket connection (docs/protocol.md §9).
+"""A resumable session: what outlives its WebSocket connection (docs/protocol.md §10).
 
 A session opened with resume on gets a :class:`ResumableSession`: a pump task (in the server's
 nursery, not the connection's) projects the session's events onto the dialect and keeps every
