@@ -78,7 +78,7 @@ from .protocol import wire_events as pe
 from .protocol.api_chat import KEY_PARAMS
 from .protocol.errors import ProtocolError
 from .scaleout.agent import agent_status, serve_agent
-from .server import DuplexServer, SlotReservation, open_linked_server
+from .server import DuplexServer, SlotReservation, front_end_session_ids, open_linked_server
 from .session.resume_token import fingerprint
 from .web import auth
 from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
@@ -200,6 +200,9 @@ class ModelHolder:
         self.warmup_ms: float | None = None
         self.draining = False
         self.paused = False  # SIGUSR1: no new sessions, the live ones go on
+        # (index, count) of this front end among those of one server: a session's id names
+        # the front end that holds it, so a resume that lands on another is told so.
+        self.frontend = (0, 1)
         self.uploader: LogUploader | None = None
         self.connections: set[Connection] = set()
         self._connections_changed = trio.Event()
@@ -305,6 +308,7 @@ class ModelHolder:
                 outbox_size=cfg.outbox_events,
                 opus_workers=cfg.opus_workers,
                 voice_aliases=voice_alias_table(link.engine.family.voices, cfg.voice_aliases),
+                session_ids=front_end_session_ids(*self.frontend),
             ) as server:
                 server.counters = self.counters
                 if cfg.log_upload:
@@ -746,7 +750,7 @@ async def _run_connection(
     holder.add_connection(conn)
     try:
         if resuming:
-            await _resume(conn, dialect, ws)
+            await _resume(conn, dialect, ws, holder.frontend)
         else:
             await _open_and_run(conn, dialect, holder.config.model, server, holder.config, ws)
     except Exception as exc:
@@ -813,7 +817,7 @@ async def _open_and_run(
     await conn.run(opening)
 
 
-async def _resume(conn: Connection, dialect: Dialect, ws: Upgrade) -> None:
+async def _resume(conn: Connection, dialect: Dialect, ws: Upgrade, frontend: tuple[int, int]) -> None:
     """A connection whose URL names a session (``?session_id=``): it resumes that session with
     the token of the ``X-Duplex-Resume-Token`` header (cursor ``?last_seq=``) or of its first
     message, ``session.resume``; it never opens one."""

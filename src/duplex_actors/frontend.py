@@ -37,6 +37,7 @@ class FrontEndSpec:
     drain_timeout_s: float
     switch_interval_ms: float
     url: str
+    count: int = 1  # front ends of this server
 
 
 def encode_spec(spec: FrontEndSpec) -> str:
@@ -62,6 +63,7 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
     hyper.graceful_timeout = 1.0
     app = create_app(config)
     holder = app.holder
+    holder.frontend = (spec.index, spec.count)
     # The model cannot be served: serve says so in one line and exits; this front end just ends.
     holder.on_fatal = lambda line: os._exit(2)
     stop = trio.Event()

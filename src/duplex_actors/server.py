@@ -69,6 +69,27 @@ def new_session_id() -> str:
     return "sess_" + secrets.token_hex(12)
 
 
+def owner_index(session_id: str, count: int) -> int | None:
+    """Which of ``count`` front ends made ``session_id`` (:func:`front_end_session_ids`), or
+    None for an id no front end made."""
+    digits = session_id.removeprefix("sess_")[:2]
+    try:
+        return int(digits, 16) % count
+    except ValueError:
+        return None
+
+
+def front_end_session_ids(index: int, count: int) -> Callable[[], str]:
+    """Session ids of front end ``index`` of ``count``: random, with the first byte naming the
+    front end (``byte % count``), so that any front end tells whose a resumed session is."""
+
+    def make() -> str:
+        byte = secrets.randbelow(256 // count) * count + index
+        return f"sess_{byte:02x}{secrets.token_hex(11)}"
+
+    return make
+
+
 class SessionHandle:
     """A client's view of one session: commands in, events out."""
 
@@ -787,6 +808,7 @@ async def open_linked_server(
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
     voice_aliases: Mapping[str, str] | None = None,
+    session_ids: Callable[[], str] = new_session_id,
 ) -> AsyncIterator[DuplexServer[CoreLink]]:
     """The sessions of one front end over its ``link`` to the engine core (which must be
     running). The core recovered the logs a crash left before any front end started."""
@@ -803,7 +825,7 @@ async def open_linked_server(
         outbox_size=outbox_size,
         fsync=True,
         policy=None,
-        session_ids=new_session_id,
+        session_ids=session_ids,
         log_max_age_s=log_max_age_s,
         log_max_bytes=log_max_bytes,
         retention_interval_s=retention_interval_s,

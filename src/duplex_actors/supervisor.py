@@ -142,6 +142,7 @@ class Supervisor:
             drain_timeout_s=self.drain_timeout_s,
             switch_interval_ms=self.switch_interval_ms,
             url=f"http://{self.host}:{self.port}",
+            count=self.frontends,
         )
         failures = 0
         while not self.stopping:

@@ -382,16 +382,19 @@ class Connection:
             if rs.created is not None:
                 batch.insert(0, wire_message(rs.created_message(rs.credential.issue())))
         while True:
-            messages = await rs.next_messages(cursor, MAX_BATCH_MESSAGES)
-            if not messages:
+            # What is there now goes with the preamble, which never waits for more.
+            messages = (
+                rs.journal.after(cursor, MAX_BATCH_MESSAGES)
+                if batch
+                else await rs.next_messages(cursor, MAX_BATCH_MESSAGES)
+            )
+            if not messages and not batch:
                 break
             batch.extend(messages)
             await self.transport.send_many(batch)
             cursor += len(messages)
             rs.sent = max(rs.sent, cursor)
             batch = []
-        if batch:
-            await self.transport.send_many(batch)
         session = self.session
         assert session is not None
         await session.wait_closed()
