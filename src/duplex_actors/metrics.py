@@ -285,6 +285,42 @@ def _render_sessions(out: _Writer, snapshot: FrontEndSnapshot, dropped: Mapping[
         [("", {"reason": k}, v) for k, v in sorted(counters.ignored_messages.items())],
     )
     out.metric(
+        "duplex_sessions_detached",
+        "gauge",
+        "Resumable sessions whose connection dropped, waiting for a resume (they keep their slot).",
+        [("", {}, counters.sessions_detached)],
+    )
+    out.metric(
+        "duplex_session_detaches_total",
+        "counter",
+        "Resumable sessions detached from their connection, by reason (dropped, read_timeout, replaced).",
+        [("", {"reason": k}, v) for k, v in sorted(counters.detaches.items())],
+    )
+    out.metric(
+        "duplex_session_resumes_total",
+        "counter",
+        "Resume attempts, by result (resumed, expired: the grace ran out, or the refusal's code).",
+        [("", {"result": k}, v) for k, v in sorted(counters.resumes.items())],
+    )
+    out.metric(
+        "duplex_session_takeovers_total",
+        "counter",
+        "Resumes that took a session over from a connection still attached (half-open).",
+        [("", {}, counters.takeovers)],
+    )
+    out.metric(
+        "duplex_detached_slot_seconds_total",
+        "counter",
+        "Slot-seconds held by detached sessions (ended by a resume or the grace).",
+        [("", {}, counters.detached_slot_s)],
+    )
+    out.metric(
+        "duplex_journal_bytes",
+        "gauge",
+        "Bytes the output journals of resumable sessions keep for a resume.",
+        [("", {}, counters.journal_bytes)],
+    )
+    out.metric(
         "duplex_frames_in_total",
         "counter",
         "Input frames (80 ms) drained to the model.",

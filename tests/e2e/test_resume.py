@@ -4,20 +4,23 @@ through a TCP proxy that cuts (RST, FIN) or blackholes the connection."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import attrs
 import pytest
 import trio
+from trio_websocket import ConnectionRejected
 
 from duplex_actors.log import records as r
 from duplex_actors.replay.replayer import replay_logic
 
 from .conftest import ServerProcess, start_server
 from .fault_proxy import FaultProxy
-from .helpers import Client, connect, pcm16, read_records, tone_and_noise
+from .helpers import Client, connect, get_text, metric, pcm16, read_records, tone_and_noise, wait_idle
 
 FRAME_BYTES = 3840  # 80 ms of pcm16 at 24 kHz
 FRAMES = 24
@@ -26,7 +29,7 @@ RESUME_TYPES = ("session.created", "session.resumed")
 
 
 @pytest.fixture(scope="module")
-def resume_server(tmp_path_factory, parrot_dir) -> ServerProcess:
+def resume_server(tmp_path_factory, parrot_dir) -> Iterator[ServerProcess]:
     server = start_server(tmp_path_factory.mktemp("resume"), "--max-sessions", "3", "--resume-grace-s", "4")
     yield server
     server.stop()
@@ -108,7 +111,10 @@ class Resumer:
         while self.sent < end:
             piece = self.audio[self.sent : min(end, self.sent + self.chunk)]
             if first_start is not None:
-                event = {"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}
+                event: dict[str, Any] = {
+                    "type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(piece).decode(),
+                }
                 event["input_samples_start"] = first_start
                 await self.client.send(event)
                 first_start = None
@@ -162,7 +168,7 @@ async def run_with_drops(
                     await client.wait_closed()
                     break
                 due = at // FRAME_BYTES - 2
-                await client.wait_until(lambda due=due: res.frames_out() >= due, what="output before the drop")
+                await client.wait_until(partial(_at_least, res, due), what="output before the drop")
                 if before_drop is not None:
                     await before_drop(res)
                 if how == "blackhole":
@@ -174,6 +180,10 @@ async def run_with_drops(
                     await proxy.cut(how)
                 await client.wait_closed()
     return res
+
+
+def _at_least(res: Resumer, frames: int) -> bool:
+    return res.frames_out() >= frames
 
 
 def _current_url(res: Resumer) -> str:
@@ -475,3 +485,83 @@ async def test_a_journal_gap_asks_for_a_resync_and_accept_gap_resumes(fresh_serv
         ok = await try_resume(server, {**session, "cursor": 0}, accept_gap=True)
         resumed = ok.of_type("session.resumed")[0]
         assert resumed["replay_from_server_event_seq"] == resync[0]["oldest_server_event_seq"]
+
+
+# -- the server around it ------------------------------------------------------------------------------
+async def test_a_paused_server_still_resumes_its_sessions_and_a_draining_one_closes_them(fresh_server):
+    server = fresh_server("--resume-grace-s", "10", "--max-sessions", "1")
+    async with dropped_session(server) as session:
+        server.proc.send_signal(signal.SIGUSR1)  # takes no new sessions
+        await trio.sleep(0.5)
+        async with connect(server.ws + "/v1/duplex", graceful=False) as refused:
+            await refused.send({"type": "session.create", "session": OFF})
+            await refused.wait_closed()
+        assert refused.close_code in (1013, 1012) or refused.errors()
+        resumed = await try_resume(server, session)
+        assert resumed.of_type("session.resumed")
+    server.proc.send_signal(signal.SIGUSR2)
+    async with dropped_session(server) as session:
+        server.proc.send_signal(signal.SIGTERM)  # a drain closes a detached session at once
+        assert await trio.to_thread.run_sync(lambda: server.proc.wait(timeout=15)) == 0
+        records = await read_records(server, session["session_id"])
+        assert r.Close("server_shutdown") in records
+
+
+async def test_a_resume_after_a_restart_is_expired(fresh_server, tmp_path):
+    server = fresh_server("--resume-grace-s", "10")
+    async with dropped_session(server) as session:
+        server.stop(signal.SIGKILL)
+        again = start_server(tmp_path / "again", "--resume-grace-s", "10")
+        try:
+            late = await try_resume(again, session)
+            assert late.error_codes() == ["session_resume_expired"] and late.close_code == 1000
+        finally:
+            again.stop()
+
+
+async def test_a_detached_session_keeps_its_slot_and_its_token_stays_secret(fresh_server):
+    server = fresh_server("--resume-grace-s", "10", "--max-sessions", "2", "--api-key", "sk-test")
+    auth = [("Authorization", "Bearer sk-test")]
+    async with proxy_to(server) as proxy:
+        async with connect(proxy.ws + "/v1/duplex", graceful=False, headers=auth) as c:
+            await c.send(KINDS["native"].opening)
+            created = await c.wait_for("session.created")
+            for i in range(3):
+                await c.append(track()[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
+            await c.wait_until(lambda: c.output_frames() >= 2)
+            await proxy.cut("rst")
+            await c.wait_closed()
+        token, sid = created["resume_token"], created["session_id"]
+        _, text = await get_text(server, "/metrics")
+        assert metric(text, "duplex_sessions_detached") == 1 and metric(text, "duplex_slots_in_use") == 1
+        # The other slot serves a new session; a third finds none (the detached one holds its own).
+        async with connect(server.ws + "/v1/duplex", headers=auth) as other:
+            await other.send({"type": "session.create", "session": OFF})
+            await other.wait_for("session.created")
+            async with connect(server.ws + "/v1/duplex", graceful=False, headers=auth) as third:
+                await third.send({"type": "session.create", "session": OFF})
+                await third.wait_closed()
+            assert third.error_codes() == ["resource_exhausted"]
+        with pytest.raises(ConnectionRejected) as rejected:  # another key (none): refused at the handshake
+            async with connect(f"{server.ws}/v1/duplex?session_id={sid}", graceful=False):
+                pass
+        assert rejected.value.status_code == 401
+        async with connect(f"{server.ws}/v1/duplex?session_id={sid}", headers=auth) as c2:
+            await c2.send(
+                {
+                    "type": "session.resume",
+                    "session_id": sid,
+                    "resume_token": token,
+                    "last_received_server_event_seq": len(c.messages) - 1,
+                }
+            )
+            await c2.wait_for("session.resumed")
+        _, text = await get_text(server, "/metrics")
+        assert metric(text, 'duplex_session_resumes_total{result="resumed"}') == 1
+        assert metric(text, "duplex_sessions_detached") == 0, [
+            l for l in text.splitlines() if "detach" in l or "resume" in l
+        ]
+    await wait_idle(server)
+    server.stop()
+    blobs = [p.read_bytes() for p in server.log_dir.glob("*.dlog")] + [server.output.encode(), text.encode()]
+    assert all(token.encode() not in blob for blob in blobs)

@@ -28,6 +28,9 @@ SEND_MANY = "duplex_actors.websocket.send_many"
 # Where the raw path leaves the callable that ends its handler at the client's disconnect
 # (``hardening._spawn_app`` calls it when it delivers ``websocket.disconnect``).
 DISCONNECT_HOOK_SCOPE = "duplex_actors.on_disconnect"
+# Where the TCP server leaves the code of the client's close frame (hypercorn's disconnect
+# message says 1006 for any close the app did not start).
+CLIENT_CLOSE_CODE_SCOPE = "duplex_actors.client_close_code"
 # Messages taken from hypercorn's queue without a checkpoint before the next receive is a real
 # one (hypercorn's queue holds 10, so this only bounds a server that queues more).
 MAX_NOWAIT_RECEIVES = 32
@@ -152,7 +155,7 @@ class AsgiWebSocket:
         """The client is gone (``code``: its close code, 1006 when the socket dropped): the
         handler is cancelled (its session closes ``disconnect``, or a resumable one detaches)."""
         if self.disconnect_code is None:
-            self.disconnect_code = code
+            self.disconnect_code = self.scope.get(CLIENT_CLOSE_CODE_SCOPE, code)
         self.cancel_scope.cancel()
 
     async def reply(self, rendered: RenderedReply) -> None:

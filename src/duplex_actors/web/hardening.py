@@ -49,9 +49,9 @@ from hypercorn.protocol.events import Data, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
 from hypercorn.trio import task_group, tcp_server
 from wsproto import frame_protocol
-from wsproto.events import BytesMessage, TextMessage
+from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
-from .asgi_ws import DISCONNECT_HOOK_SCOPE, SEND_MANY
+from .asgi_ws import CLIENT_CLOSE_CODE_SCOPE, DISCONNECT_HOOK_SCOPE, SEND_MANY
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,22 @@ _original_handle_events = ws_stream.WSStream._handle_events
 
 
 async def _handle_events_ending_oversize(self: Any) -> None:
-    await _original_handle_events(self)
+    # hypercorn reports every disconnect the app did not close first as 1006; the code of a
+    # client's close frame goes into the scope, for the app to tell a close from a drop.
+    connection = self.connection
+    events = connection.events
+
+    def noting_close_codes() -> Any:
+        for event in events():
+            if isinstance(event, CloseConnection):
+                self.scope[CLIENT_CLOSE_CODE_SCOPE] = event.code
+            yield event
+
+    connection.events = noting_close_codes
+    try:
+        await _original_handle_events(self)
+    finally:
+        del connection.events
     if self.buffer.length > self.buffer.max_length:
         # hypercorn sends the 1009 close but never tells the app: without this the handler (and
         # its session's slot) waits for the idle timeout. End the stream like a normal close.
