@@ -92,7 +92,6 @@ RESUME_GRACE: Kind[float] = Kind(
     accepts=lambda v: isinstance(v, (int, float)) and 0 <= v <= MAX_RESUME_GRACE_S,
     render=repr,
 )
-RESUME = "resuming a dropped connection (docs/protocol.md §10)"
 
 BUDGET = "per-connection input budget (docs/operations.md)"
 SCALE_OUT = "scale-out (docs/scaling.md)"
@@ -257,7 +256,8 @@ class ServerConfig:
         metavar="SECONDS",
         help="how long a resumable session whose connection dropped keeps its slot, context and "
         "output journal for the client to come back; 0 turns resume off",
-        details=f"Sessions opt in ({RESUME}); a detached session counts toward the slots",
+        details="Sessions opt in ([protocol.md §10](protocol.md#10-resuming-a-dropped-connection)); "
+        "a detached session keeps its slot (section 10, \"Resumable sessions\")",
     )
     resume_journal_bytes: int = setting(
         2 * 1024 * 1024,
