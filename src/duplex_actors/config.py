@@ -257,7 +257,7 @@ class ServerConfig:
         help="how long a resumable session whose connection dropped keeps its slot, context and "
         "output journal for the client to come back; 0 turns resume off",
         details="Sessions opt in ([protocol.md §10](protocol.md#10-resuming-a-dropped-connection)); "
-        "a detached session keeps its slot (section 10, \"Resumable sessions\")",
+        'a detached session keeps its slot (section 10, "Resumable sessions")',
     )
     resume_journal_bytes: int = setting(
         2 * 1024 * 1024,

@@ -46,6 +46,7 @@ INTERNAL_ERROR: Final = "internal_error"
 UNSUPPORTED_SESSION_RESUME: Final = "unsupported_session_resume"
 INVALID_SESSION_RESUME: Final = "invalid_session_resume"
 SESSION_RESUME_EXPIRED: Final = "session_resume_expired"
+SESSION_NOT_FOUND: Final = "session_not_found"
 INVALID_RESUME_TOKEN: Final = "invalid_resume_token"
 SESSION_RESUME_CONFLICT: Final = "session_resume_conflict"
 SESSION_NOT_HERE: Final = "session_not_here"
@@ -84,6 +85,7 @@ CODES: Final[tuple[str, ...]] = (
     UNSUPPORTED_SESSION_RESUME,
     INVALID_SESSION_RESUME,
     SESSION_RESUME_EXPIRED,
+    SESSION_NOT_FOUND,
     INVALID_RESUME_TOKEN,
     SESSION_RESUME_CONFLICT,
     SESSION_NOT_HERE,

@@ -421,6 +421,7 @@ class DuplexServer(Generic[SchedulerT]):
         self.voice_aliases: dict[str, str] = {}
         # Resumable sessions by id (``web/resumable.py``), from open until they end.
         self.resumable: dict[str, Any] = {}
+        self.resume_tombstones: Any = None  # web.resumable.Tombstones, made on first use
 
     def new_session_id(self) -> str:
         """An id for a session about to open (``open_session(session_id=...)``)."""

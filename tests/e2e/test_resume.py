@@ -507,14 +507,14 @@ async def test_a_paused_server_still_resumes_its_sessions_and_a_draining_one_clo
         assert r.Close("server_shutdown") in records
 
 
-async def test_a_resume_after_a_restart_is_expired(fresh_server, tmp_path):
+async def test_a_resume_after_a_restart_finds_no_session(fresh_server, tmp_path):
     server = fresh_server("--resume-grace-s", "10")
     async with dropped_session(server) as session:
         server.stop(signal.SIGKILL)
         again = start_server(tmp_path / "again", "--resume-grace-s", "10")
         try:
             late = await try_resume(again, session)
-            assert late.error_codes() == ["session_resume_expired"] and late.close_code == 1000
+            assert late.error_codes() == ["session_not_found"] and late.close_code == 1000
         finally:
             again.stop()
 

@@ -58,6 +58,7 @@ from .resumable import (
     ResumeRefused,
     ResumeSettings,
     ResyncRequired,
+    tombstones,
 )
 from .wire_text import wire_message
 
@@ -266,10 +267,14 @@ class Connection:
         client's cursor, then live output."""
         rs = self.server.resumable.get(request.session_id)
         try:
+            if rs is None and request.session_id in tombstones(self.server):
+                raise ResumeRefused(
+                    error_codes.SESSION_RESUME_EXPIRED, "the session has ended, or its grace expired", 1000
+                )
             if rs is None:
                 raise ResumeRefused(
-                    error_codes.SESSION_RESUME_EXPIRED,
-                    "no such session here: it ended, its grace expired, or another process holds it",
+                    error_codes.SESSION_NOT_FOUND,
+                    "no such session here: the process that held it restarted or is gone, or the id is wrong",
                     1000,
                 )
             if rs.dialect != self.dialect.name:
