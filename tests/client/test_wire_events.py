@@ -16,12 +16,15 @@ from duplex_actors.protocol.realtime import RealtimeProjection
 from ..replay.test_wire import CAPS, SID, synthetic, synthetic_aligned, synthetic_conversation
 
 # Per variant, the classes it never sends.
-# response.speak goes only to ?duplex=1 connections (tests/protocol/test_duplex_compat.py).
+# response.speak goes only to ?duplex=1 connections (tests/protocol/test_duplex_compat.py); the
+# resume events come from the connection of a resumable session, not from a projection
+# (test_the_resume_events_parse_into_their_class below, tests/e2e/test_resume.py).
+RESUME = set(wire.RESUME_SERVER_EVENTS)
 NOT_SENT: dict[str, set[type[Any]]] = {
-    "ga": {wire.RealtimeResponseSpeak},
-    "beta": {wire.RealtimeConversationItemDone, wire.RealtimeResponseSpeak},
-    "native": {wire.NativeOutputTranscriptDelta},
-    "native-binary": {wire.NativeOutputAudioDelta},
+    "ga": {wire.RealtimeResponseSpeak} | RESUME,
+    "beta": {wire.RealtimeConversationItemDone, wire.RealtimeResponseSpeak} | RESUME,
+    "native": {wire.NativeOutputTranscriptDelta} | RESUME,
+    "native-binary": {wire.NativeOutputAudioDelta} | RESUME,
 }
 
 
@@ -53,6 +56,19 @@ def test_every_message_parses_into_its_class_and_encodes_back_to_itself(variant:
         again["type"] = message["type"]  # the converter writes the GA name; beta renames in place
         assert list(again.items()) == list(message.items())
     assert set(classes) - seen == NOT_SENT[variant]  # the synthetic stream has every event
+
+
+@pytest.mark.parametrize("dialect", ["realtime", "native"])
+def test_the_resume_events_parse_into_their_class(dialect: str) -> None:
+    event_id = "evt_x_r2" if dialect == "realtime" else None
+    for event in (
+        wire.SessionResumed(SID, 2, "token", 9, 8, 1920, None, 30.0, event_id),
+        wire.SessionReplaced(SID, 1, event_id),
+        wire.SessionResyncRequired(SID, "journal_gap", 5, event_id),
+    ):
+        message = encode_server_event(event)
+        parsed = parse_server_event(message, dialect=dialect)  # type: ignore[arg-type]
+        assert parsed.wire == event and encode_server_event(parsed.wire) == message
 
 
 @pytest.mark.parametrize(
