@@ -39,7 +39,7 @@ CAPABILITIES = {
     "supports_client_commit": False,
     "supports_external_turn_signal": False,
     "supports_barge_in": False,
-    "supports_session_resume": False,
+    "supports_session_resume": True,  # --resume-grace-s 30 by default
     "supports_audio_truncate": False,
     "supports_playback_ack": True,
     "supports_input_append": True,
