@@ -4,7 +4,7 @@
 
     duplex-client --url ws://127.0.0.1:8000/v1/realtime?duplex=1 --input speech.wav --output reply.wav \\
         [--voice NATF2.pt] [--persona "..."] [--transcript reply.txt] [--fast] [--api-key K] \\
-        [--input-format pcm16@48000|pcmu|...] [--output-format pcm16|pcmu|pcma]
+        [--input-format pcm16@48000|pcmu|...] [--output-format pcm16|pcmu|pcma] [--resume]
 
 Reads any WAV (8/16/24/32-bit PCM or float, any rate, mono or multi-channel: downmixed and
 resampled to the ``--input-format``'s rate, 24 kHz by default), appends ``--tail-ms`` of silence
@@ -15,7 +15,10 @@ the reply). Lockstep means one 80 ms reply frame per input frame: at 24 kHz inpu
 is exactly as long as the padded input; at any other input rate the server's resampler holds
 back a few ms, so the last frame does not come back (one frame fewer). The reply WAV is mono
 PCM16 at the rate the server sent (24 kHz; 8 kHz for G.711 output, decoded). Progress goes to
-stderr; the transcript (the model's text stream) to ``--transcript``.
+stderr; the transcript (the model's text stream) to ``--transcript``. ``--resume`` opens a
+resumable session (docs/protocol.md §10): when the connection drops the client connects again
+by itself, within the server's grace period, and goes on where it stopped (each resume is
+printed; the reply is the same as without the drop).
 
 ``--url ws://HOST:PORT/api/chat`` speaks the moshi / PersonaPlex dialect instead (detected from
 the path): the WAV goes out as Ogg/Opus (24 kHz, as ``moshi.client`` sends it) after the
@@ -57,7 +60,7 @@ from .audio import (
     to_mono,
     write_wav,
 )
-from .connection import create_duplex_session_config, open_duplex_client
+from .connection import SessionLost, create_duplex_session_config, open_duplex_client
 from .errors import (
     ConfigRefused,
     ConnectFailed,
@@ -66,7 +69,7 @@ from .errors import (
     SessionRefused,
     Unauthorized,
 )
-from .events import AudioDelta, Error, ServerEvent, TranscriptDelta
+from .events import AudioDelta, Error, Resumed, ServerEvent, TranscriptDelta
 from .opus import encode_opus_messages
 
 EXIT_OK: Final = 0
@@ -106,6 +109,8 @@ class Reply:
     first_audio_at: float | None = None
     errors: list[Error] = attrs.Factory(list)
     warn: TextIO | None = None
+    quiet: bool = False
+    input_rate: int = SAMPLE_RATE
 
     def on_event(self, event: ServerEvent) -> None:
         if isinstance(event, AudioDelta):
@@ -122,6 +127,17 @@ class Reply:
             self.errors.append(event)
             if self.warn is not None:
                 print(f"\nduplex-client: server error {event.code}: {event.message}", file=self.warn)
+        elif isinstance(event, Resumed):
+            if self.warn is not None and not self.quiet:
+                print(
+                    f"\nduplex-client: resumed after {event.gap_s * 1000:.0f} ms "
+                    f"(connection {event.generation}, {event.attempts} attempt"
+                    f"{'s' if event.attempts != 1 else ''}; "
+                    f"{event.last_server_event_seq - event.replay_from_server_event_seq + 1} events replayed, "
+                    f"{event.input_samples_resent / self.input_rate:.2f} s of input re-sent)",
+                    file=self.warn,
+                    flush=True,
+                )
 
 
 class Progress:
@@ -201,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beta", action="store_true", help="ask for OpenAI's beta event names")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="open a resumable session: when the connection drops, connect again and go on where "
+        "it stopped, within the server's grace period (each resume is printed)",
+    )
+    parser.add_argument(
         "--align",
         choices=("client", "off"),
         default="client",
@@ -261,6 +283,9 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
         if str(fmt) != "pcm16@24000" or out_fmt is not None or args.beta:
             print("duplex-client: --input-format/--output-format/--beta do not apply to /api/chat", file=err)
             return EXIT_USAGE
+        if args.resume:
+            print("duplex-client: /api/chat sessions cannot be resumed (--resume)", file=err)
+            return EXIT_USAGE
         return await run_api_chat(args, err)
     try:
         samples = prepare_input(args.input, args.tail_ms, fmt.rate)
@@ -279,7 +304,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
         input_format=str(fmt),
         output_format=None if out_fmt is None else out_fmt.name,
     )
-    reply = Reply(warn=err)
+    reply = Reply(warn=err, quiet=args.quiet, input_rate=fmt.rate)
     progress = Progress(sent, reply, err, quiet=args.quiet)
     try:
         async with open_duplex_client(
@@ -291,6 +316,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
             on_event=reply.on_event,
             alignment=args.align,
             open_timeout=args.open_timeout,
+            resume=args.resume,
         ) as client:
             if not args.quiet:
                 print(
@@ -321,6 +347,12 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
     except ConfigRefused as exc:
         print(f"duplex-client: the session config was refused: {exc.code}: {exc.message}", file=err)
         return EXIT_FAILED
+    except SessionLost as exc:
+        progress.finish()
+        print(
+            f"\nduplex-client: the connection dropped and the session could not be resumed: {exc}", file=err
+        )
+        return EXIT_FAILED
     except (SessionRefused, ConnectFailed, ServerClosed) as exc:
         progress.finish()
         print(f"duplex-client: {exc}", file=err)
@@ -338,6 +370,7 @@ async def run(args: argparse.Namespace, err: TextIO) -> int:
         print(
             f"duplex-client: wrote {args.output}: {reply.frames} frames ({reply.frames * FRAME_S:.2f} s) for "
             f"{sent} sent; first audio after {ttfa:.0f} ms; transcript {len(transcript)} characters"
+            + (f"; {client.resumes} resume{'s' if client.resumes != 1 else ''}" if args.resume else "")
             if ttfa is not None
             else f"duplex-client: wrote {args.output}: no audio came back",
             file=err,

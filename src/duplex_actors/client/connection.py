@@ -26,20 +26,35 @@ raise typed exceptions (:mod:`.errors`): ``Unauthorized`` (HTTP 401/403 before t
 ``SessionRefused``, ``ConfigRefused``, ``ServerClosed``. Leaving the ``async with`` block closes
 the session cleanly (``session.close``, then waits for ``session.closed``).
 
+``resume=True`` opens a resumable session (docs/protocol.md §10): when the socket drops (no
+close frame) or stalls, the client connects again by itself (``session.resume`` with the
+latest token and the last sequence number received; backoff 0.05 s doubling to 1 s, within the
+server's ``resume_grace_s``), re-sends the input the server lacks from the audio it keeps (the
+last ``resume_input_s`` seconds) and the commands it had not received, and acknowledges the
+server's events every 0.5 s so that the server trims its journal. The gap is hidden:
+:meth:`DuplexClient.events` yields every server event once and in order, a paced
+:meth:`DuplexClient.stream` keeps its deadlines (what falls in the gap goes out on the new
+connection), the counters stay right. Each resume puts a :class:`~.events.Resumed` note in the
+event stream (and counts in ``DuplexClient.resumes``); a session that cannot be resumed ends
+with :class:`SessionLost` (a :class:`ServerClosed`). The token is never logged or exposed.
+
 The client never imports torch or the model: only the sans-io protocol classes and numpy.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Final, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import attrs
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -63,7 +78,9 @@ from ..protocol.wire_events import (
     ResponseCancel,
     SessionClose,
     SessionCreate,
+    SessionEventAck,
     SessionHeartbeat,
+    SessionResume,
     SessionUpdate,
 )
 from .audio import (
@@ -85,11 +102,13 @@ from .errors import (
     Unauthorized,
 )
 from .events import (
+    RESUMED_TYPE,
     AlignmentHint,
     AudioDelta,
     Error,
     ResponseCreated,
     ResponseDone,
+    Resumed,
     ServerEvent,
     SessionClosed,
     SessionCreated,
@@ -101,6 +120,25 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 HISTORY: Final = 1024  # recent events kept for wait_for(after=...)
 _HEARTBEAT_ACK: Final = RealtimeHeartbeatAck.TYPE
 _RECEIVE_BUFFER: Final = 64 * 1024
+
+# Resuming (docs/protocol.md §10).
+RESUME_BACKOFF_S: Final = (0.05, 1.0)  # the first retry's delay, doubling up to the second
+ACK_INTERVAL_S: Final = 0.5  # session.event_ack at most this often
+# Messages outside the journal's numbering: the resume handshake's and the takeover's.
+_UNSEQUENCED: Final = frozenset({RESUMED_TYPE, "session.replaced", "session.resync_required"})
+# A resume refused with one of these codes will never succeed; any other is tried again.
+_RESUME_FATAL: Final = frozenset(
+    {
+        error_codes.SESSION_RESUME_EXPIRED,
+        error_codes.SESSION_NOT_FOUND,
+        error_codes.INVALID_RESUME_TOKEN,
+        error_codes.INVALID_SESSION_RESUME,
+        error_codes.UNSUPPORTED_SESSION_RESUME,
+        error_codes.UNAUTHORIZED,
+    }
+)
+_KEEPALIVE: Final = "keepalive"
+_ABNORMAL: Final = 1006  # trio-websocket's close code for a connection that ended without a close frame
 
 EventMatch = type[ServerEvent] | tuple[type[ServerEvent], ...] | Callable[[ServerEvent], bool]
 
@@ -170,6 +208,15 @@ def _wire(event: ClientEvent) -> str:
     return dumps(obj)
 
 
+def _decode(message: str | bytes) -> dict[str, Any] | None:
+    """A JSON object message decoded; None for anything else."""
+    try:
+        obj = json.loads(message)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _dialect_of(url: str) -> DialectName:
     return "native" if urlsplit(url).path.rstrip("/").endswith("/v1/duplex") else "realtime"
 
@@ -207,6 +254,57 @@ def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     return leaves[0] if len(leaves) == 1 else None
 
 
+def _resume_url(url: str, session_id: str) -> str:
+    """The URL a resume connects to: the session's route and query (``duplex=1`` kept), with
+    the session's id and without the opening's ``resume``/``autostart``."""
+    parts = urlsplit(url)
+    drop = ("resume", "autostart", "session_id", "last_seq")
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in drop]
+    query.append(("session_id", session_id))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _with_start(message: str, start: int) -> str:
+    """An ``input_audio_buffer.append`` JSON text with ``input_samples_start`` added."""
+    return message[:-1] + f',"input_samples_start":{int(start)}}}'
+
+
+def _append_audio(message: str | bytes) -> bytes:
+    """The audio bytes an ``input_audio_buffer.append`` message carries."""
+    obj = json.loads(message)
+    return base64.b64decode(obj["audio"]) if isinstance(obj, dict) else b""
+
+
+class SessionLost(ServerClosed):
+    """The connection of a resumable session dropped and the session could not be resumed.
+    ``cause``: the server's refusal (``session_resume_expired``: the session is gone;
+    ``session_not_found``: the server restarted; ``invalid_resume_token``, ...), ``journal_gap``
+    (the server no longer holds every event the client missed; see ``accept_gap``),
+    ``input_gap`` (the client no longer holds every input sample the server lacks; see
+    ``resume_input_s``) or ``grace_expired`` (no resume succeeded within the server's
+    ``resume_grace_s``). ``code``/``reason``: the close of the connection that dropped."""
+
+    def __init__(self, cause: str, message: str, code: int | None = None, reason: str | None = None) -> None:
+        super().__init__(code, reason)
+        self.args = (f"session lost ({cause}): {message}",)
+        self.cause = cause
+        self.message = message
+
+
+@attrs.define
+class _Command:
+    """A command sent on a resumable session that the server is not known to have received."""
+
+    number: int
+    event_id: str | None
+    message: str | bytes
+    position: int  # input samples sent before it
+    resend: bool = True  # False: the client's own keepalive, never re-sent
+
+
+_Connector = Callable[[str, float], Awaitable[WebSocketConnection]]
+
+
 # -- the client --------------------------------------------------------------------------------
 class DuplexClient:
     """One open duplex session. Create it with :func:`open_duplex_client`.
@@ -226,9 +324,24 @@ class DuplexClient:
     input samples sent after it)`` for every append, so that an output frame's
     ``input_samples_end`` maps to the send time of the chunk that held that sample
     (:func:`~duplex_actors.client.stats.frame_latencies_ms`).
+
+    Resuming (``reconnect`` given, as :func:`open_duplex_client` does with ``resume=True``): see
+    the module. ``resumes`` counts the resumes, ``resumed`` holds their
+    :class:`~.events.Resumed` notes, ``server_seq`` is the last server event sequence number
+    received, ``lost`` the :class:`SessionLost` the session ended with, if any. Input goes
+    through :meth:`send_audio` or :meth:`stream` (the audio kept for a resume is theirs); any
+    other message sent is a command, re-sent after a resume unless the server says
+    (``last_client_event_id``) that it had it. While a resume is under way a paced stream keeps
+    its deadlines (its chunks go out on the new connection), an unpaced one and
+    :meth:`send_audio` wait for it. With ``keepalive_s`` a ``session.heartbeat`` goes out after
+    that long without a server message (its ack is not in the event stream), and after
+    ``stall_timeout_s`` without one the connection is given up and the session resumed.
     """
 
     reply_timeout: float = 10.0
+    connect_timeout: float = 10.0
+    keepalive_s: float | None = 2.0
+    stall_timeout_s: float | None = 10.0
 
     def __init__(
         self,
@@ -240,6 +353,10 @@ class DuplexClient:
         on_event: Callable[[ServerEvent], None] | None = None,
         queue_events: bool = True,
         alignment: str | None = None,
+        reconnect: _Connector | None = None,
+        url: str | None = None,
+        resume_input_s: float = 10.0,
+        accept_gap: bool = False,
     ) -> None:
         self.ws = ws
         self.alignment = alignment
@@ -278,6 +395,32 @@ class DuplexClient:
         self.hints_ignored = 0
         self._pending_pad_ms: int | None = None
         self._hint_arrived = trio.Event()
+        # resuming
+        self._reconnect = reconnect
+        self._url = url
+        self.resume_input_s = resume_input_s
+        self.accept_gap = accept_gap
+        self.resumes = 0
+        self.resumed: list[Resumed] = []
+        self.lost: SessionLost | None = None
+        self.server_seq = 0
+        self.resume_grace_s: float | None = None
+        self.attachment_generation = 1
+        self._token: str | None = None
+        self._conn_seq = 0  # native: the sequence number of the last message on this connection
+        self._acked = 0
+        self._attached = True
+        self._attached_event = trio.Event()
+        self._attached_event.set()
+        self._stalled = False
+        self._last_rx = trio.current_time()
+        self._keepalive_at = -math.inf
+        self._commands: deque[_Command] = deque(maxlen=4096)
+        self._command_numbers = itertools.count(1)
+        self._kept = bytearray()  # the input kept for a resume, in the session's wire format
+        self._kept_start = 0  # its first sample's position in the input stream
+        self._kept_pads: dict[int, int] = {}  # position -> pad_ms of the padded appends kept
+        self._nursery: trio.Nursery | None = None
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -291,6 +434,14 @@ class DuplexClient:
         return self._done.is_set()
 
     @property
+    def resumable(self) -> bool:
+        """The client resumes this session when its connection drops."""
+        return self._reconnect is not None and self._token is not None
+
+    def _closed_error(self) -> ServerClosed:
+        return self.lost if self.lost is not None else ServerClosed(self.close_code, self.close_reason)
+
+    @property
     def capabilities(self) -> dict[str, Any]:
         caps = self.session.get("capabilities")
         return dict(caps) if isinstance(caps, dict) else {}
@@ -300,7 +451,7 @@ class DuplexClient:
         self._changed.set()
         self._changed = trio.Event()
 
-    def _parse(self, message: str | bytes, now: float) -> ServerEvent:
+    def _parse(self, message: str | bytes, now: float, obj: Any = None) -> ServerEvent:
         seq = self.events_received + 1
         if isinstance(message, bytes):  # native binary output: u32 LE frame index (+ u32 position) + PCM16
             index, position, pcm = split_binary_frame_position(message)
@@ -315,10 +466,8 @@ class DuplexClient:
                 pcm16=pcm,
                 input_samples_end=position,
             )
-        try:
-            obj = json.loads(message)
-        except ValueError:
-            obj = None
+        if obj is None:
+            obj = _decode(message)
         if not isinstance(obj, dict):
             obj = {"type": "invalid_json", "text": message[:1000]}
         return parse_server_event(obj, dialect=self.dialect, received_at=now, seq=seq)
@@ -363,18 +512,12 @@ class DuplexClient:
     async def _receive_loop(self) -> None:
         try:
             while True:
-                message = await self.ws.get_message()
-                event = self._parse(message, trio.current_time())
-                self._track(event)
-                self.recent.append(event)
-                if self._on_event is not None:
-                    self._on_event(event)
-                if self._queue_events:
-                    self._send_ch.send_nowait(event)
-                self._poke()
-        except ConnectionClosed as exc:
-            if exc.reason is not None:
-                self.close_code, self.close_reason = exc.reason.code, exc.reason.reason
+                await self._read(self.ws)
+                if not self._should_resume():
+                    break
+                await self._resume()
+        except SessionLost as exc:
+            self.lost = exc
         except Exception as exc:  # a bug or an on_event callback that raised: end the connection
             self.failure = exc
             with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -383,18 +526,356 @@ class DuplexClient:
             if self.close_code is None and self.ws.closed is not None:
                 self.close_code, self.close_reason = self.ws.closed.code, self.ws.closed.reason
             self._done.set()
+            self._attached_event.set()  # wakes whoever waits for a resume: it finds the end
             self._send_ch.close()
             self._poke()
 
+    async def _read(self, ws: WebSocketConnection) -> None:
+        """Every message of one connection, until it ends."""
+        self.close_code = self.close_reason = None
+        try:
+            while True:
+                message = await ws.get_message()
+                self._receive(message, trio.current_time())
+        except ConnectionClosed as exc:
+            if exc.reason is not None:
+                self.close_code, self.close_reason = exc.reason.code, exc.reason.reason
+        finally:
+            if self._attached:
+                self._attached = False
+                self._attached_event = trio.Event()
+
+    def _receive(self, message: str | bytes, now: float) -> None:
+        self._last_rx = now
+        obj: Any = None
+        if self._reconnect is not None:
+            if isinstance(message, str):
+                obj = _decode(message)
+            seq = self._sequence(obj)
+            if seq is not None and seq > 0:
+                if seq <= self.server_seq:
+                    return  # already received (a replay that starts early)
+                self.server_seq = seq
+            if isinstance(obj, dict):
+                if obj.get("type") == "session.created" and "resume_token" in obj:
+                    token = obj.pop("resume_token")  # never in an event, a log or a repr
+                    self._token = token if isinstance(token, str) else None
+                    grace = obj.get("resume_grace_s")
+                    if isinstance(grace, int | float) and not isinstance(grace, bool):
+                        self.resume_grace_s = float(grace)
+                if self._acknowledged(obj):
+                    return  # the ack of the client's own keepalive
+        event = self._parse(message, now, obj)
+        self._track(event)
+        self.recent.append(event)
+        self._deliver(event)
+
+    def _deliver(self, event: ServerEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+        if self._queue_events:
+            self._send_ch.send_nowait(event)
+        self._poke()
+
+    def _sequence(self, obj: Any) -> int | None:
+        """The journal sequence number of a message (0: ``session.created``; None: a message
+        outside the numbering). Realtime messages carry it; native ones are counted."""
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if self.created is None:
+            return 0 if kind == "session.created" else None
+        if kind in _UNSEQUENCED:
+            return None
+        if self.dialect == "realtime":
+            seq = obj.get("server_event_seq") if isinstance(obj, dict) else None
+            return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+        self._conn_seq += 1
+        return self._conn_seq
+
+    def _acknowledged(self, obj: dict[str, Any]) -> bool:
+        """Drop the commands the server answered (a heartbeat's ack or an error names the
+        command); True for the ack of a keepalive, which is not an event of the caller's."""
+        kind = obj.get("type")
+        if kind == _HEARTBEAT_ACK:
+            eid = obj.get("client_event_id")
+        elif kind == "error":
+            err = obj.get("error")
+            eid = err.get("event_id") if isinstance(err, dict) else obj.get("client_event_id")
+        else:
+            return False
+        if isinstance(eid, str):
+            self._drop_commands(eid)
+            return kind == _HEARTBEAT_ACK and eid.startswith(_KEEPALIVE + "_")
+        return False
+
+    def _drop_commands(self, event_id: str | None) -> None:
+        """Forget the commands up to the one with ``event_id`` (the server has them all); none
+        when no command of the client has that id."""
+        floor = next((c.number for c in reversed(self._commands) if c.event_id == event_id), None)
+        if event_id is None or floor is None:
+            return
+        while self._commands and self._commands[0].number <= floor:
+            self._commands.popleft()
+
+    # -- resuming --------------------------------------------------------------------------------
+    def _should_resume(self) -> bool:
+        return (
+            self.resumable
+            and self.session_id is not None
+            and self.closed_event is None
+            and (self._stalled or self.close_code in (None, _ABNORMAL))
+        )
+
+    async def _resume(self) -> None:
+        """Take the session over on a new connection, or raise :class:`SessionLost`."""
+        assert self._reconnect is not None and self.session_id is not None and self._url is not None
+        cause = "stalled" if self._stalled else "dropped"
+        self._stalled = False
+        dropped_at = trio.current_time()
+        grace = self.resume_grace_s if self.resume_grace_s is not None else 30.0
+        deadline = dropped_at + grace
+        delay, attempts, accept_gap = RESUME_BACKOFF_S[0], 0, False
+        code, reason = self.close_code, self.close_reason
+        while True:
+            if trio.current_time() >= deadline:
+                raise SessionLost(
+                    "grace_expired",
+                    f"no resume within the server's {grace:g} s grace ({attempts} attempts)",
+                    code,
+                    reason,
+                )
+            attempts += 1
+            answer = await self._attempt(deadline, accept_gap, code, reason)
+            if isinstance(answer, tuple):
+                break
+            if answer == "gap":
+                if not self.accept_gap:
+                    raise SessionLost(
+                        "journal_gap",
+                        "the server no longer holds every event missed (pass accept_gap=True to go on without them)",
+                        code,
+                        reason,
+                    )
+                accept_gap = True
+                continue
+            await trio.sleep(max(0.0, min(delay, deadline - trio.current_time())))
+            delay = min(delay * 2, RESUME_BACKOFF_S[1])
+        ws, obj = answer
+        await self._attach(ws, obj, cause=cause, gap_s=trio.current_time() - dropped_at, attempts=attempts)
+
+    async def _attempt(
+        self, deadline: float, accept_gap: bool, code: int | None, reason: str | None
+    ) -> tuple[WebSocketConnection, dict[str, Any]] | str:
+        """One resume: the new connection and ``session.resumed``, else ``"retry"`` or
+        ``"gap"`` (the cursor was evicted); raises :class:`SessionLost` on a final refusal."""
+        assert self._reconnect is not None and self.session_id is not None and self._url is not None
+        assert self._token is not None
+        left = max(0.01, deadline - trio.current_time())
+        try:
+            ws = await self._reconnect(
+                _resume_url(self._url, self.session_id), min(self.connect_timeout, left)
+            )
+        except Unauthorized as exc:
+            raise SessionLost("unauthorized", exc.message, code, reason) from None
+        except ConnectFailed:
+            return "retry"
+        resumed = False
+        try:
+            resume = SessionResume(
+                session_id=self.session_id,
+                resume_token=self._token,
+                last_received_server_event_seq=self.server_seq,
+                accept_gap=accept_gap,
+            )
+            await ws.send_message(_wire(resume))
+            message: str | bytes | None = None
+            with trio.move_on_after(min(self.reply_timeout, max(0.0, deadline - trio.current_time()))):
+                message = await ws.get_message()
+            obj = _decode(message) if isinstance(message, str) else None
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == RESUMED_TYPE and isinstance(obj, dict):
+                resumed = True
+                return ws, obj
+            if kind == "session.resync_required":
+                return "gap"
+            if kind == "error" and isinstance(obj, dict):
+                err = parse_server_event(obj, dialect=self.dialect)
+                if isinstance(err, Error) and err.code in _RESUME_FATAL:
+                    raise SessionLost(err.code, err.message, code, reason)
+            return "retry"
+        except ConnectionClosed:
+            return "retry"
+        finally:
+            if not resumed:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await ws.aclose()
+
+    async def _attach(
+        self, ws: WebSocketConnection, obj: dict[str, Any], *, cause: str, gap_s: float, attempts: int
+    ) -> None:
+        """The session is resumed on ``ws``: take its new token, go on reading there, and re-send
+        what the server lacks (in a task: the replay comes meanwhile)."""
+        token = obj.pop("resume_token", None)
+        self._token = token if isinstance(token, str) else self._token
+        received = int(obj.get("input_samples_received", 0))
+        if received < self._kept_start:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await ws.aclose()  # a close frame: the session ends on the server too
+            raise SessionLost(
+                "input_gap",
+                f"the server holds {received} input samples and the client keeps them from "
+                f"{self._kept_start} on (resume_input_s={self.resume_input_s:g})",
+                self.close_code,
+                self.close_reason,
+            )
+        replay_from = int(obj.get("replay_from_server_event_seq", self.server_seq + 1))
+        self.ws = ws
+        self._conn_seq = replay_from - 1
+        self._last_rx = trio.current_time()
+        self.attachment_generation = int(obj.get("attachment_generation", self.attachment_generation + 1))
+        grace = obj.get("resume_grace_s")
+        if isinstance(grace, int | float) and not isinstance(grace, bool):
+            self.resume_grace_s = float(grace)
+        last_id = obj.get("last_client_event_id")
+        self._drop_commands(last_id if isinstance(last_id, str) else None)
+        start = min(received, self.samples_sent)
+        self.resumes += 1
+        note = Resumed(
+            type=RESUMED_TYPE,
+            raw=obj,
+            received_at=trio.current_time(),
+            seq=self.events_received,
+            session_id=str(obj.get("session_id", self.session_id)),
+            generation=self.attachment_generation,
+            gap_s=gap_s,
+            attempts=attempts,
+            cause=cause,
+            last_server_event_seq=int(obj.get("last_server_event_seq", 0)),
+            replay_from_server_event_seq=replay_from,
+            input_samples_received=received,
+            input_samples_resent=self.samples_sent - start,
+            last_client_event_id=last_id if isinstance(last_id, str) else None,
+        )
+        self.resumed.append(note)
+        self._deliver(note)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._catch_up, ws, start)
+
+    async def _catch_up(self, ws: WebSocketConnection, start: int) -> None:
+        """On a resumed connection: acknowledge (which proves the new token), re-send the input
+        from ``start`` and the commands not received, in their order; then live sending goes
+        on. A drop meanwhile leaves it to the next resume."""
+        width = FORMATS[self.input_format]
+        try:
+            seq = self.server_seq
+            await ws.send_message(_wire(SessionEventAck(server_event_seq=seq)))
+            self._acked = max(self._acked, seq)
+            pos, first, done_number = start, True, 0
+            while True:
+                command = next((c for c in self._commands if c.number > done_number and c.resend), None)
+                if command is not None and command.position <= pos:
+                    await ws.send_message(command.message)
+                    done_number = command.number
+                    continue
+                end = self.samples_sent if command is None else min(self.samples_sent, command.position)
+                if pos >= end:
+                    break
+                # chunks of 80 ms, cut where a command or a padded append goes
+                pad = min((p for p in self._kept_pads if pos < p < end), default=end)
+                n = min(self._frame_samples, pad - pos)
+                offset = (pos - self._kept_start) * width
+                message = append_message(
+                    bytes(self._kept[offset : offset + n * width]), self._kept_pads.get(pos)
+                )
+                await ws.send_message(_with_start(message, pos) if first else message)
+                pos, first = pos + n, False
+        except ConnectionClosed:
+            return  # dropped again: the next resume starts over from what the server holds
+        if ws is self.ws and not self._done.is_set() and not self._attached:
+            self._attached = True
+            self._attached_event.set()
+
+    async def _upkeep(self) -> None:
+        """A resumable session's acks (so that the server trims its journal), keepalives, and
+        the stall check (a connection that says nothing for ``stall_timeout_s`` is given up)."""
+        while not self._done.is_set():
+            await trio.sleep(ACK_INTERVAL_S)
+            if not self._attached or self._done.is_set():
+                continue
+            ws, now = self.ws, trio.current_time()
+            idle = now - self._last_rx
+            try:
+                if self.server_seq > self._acked:
+                    seq = self.server_seq
+                    await ws.send_message(_wire(SessionEventAck(server_event_seq=seq)))
+                    self._acked = max(self._acked, seq)
+                if self.stall_timeout_s is not None and idle >= self.stall_timeout_s:
+                    self._stalled = True
+                    with trio.move_on_after(1):
+                        await ws.aclose(4000, "stalled")  # not 1000/1001: the session stays resumable
+                elif self.keepalive_s is not None and idle >= self.keepalive_s:
+                    if now - self._keepalive_at >= self.keepalive_s:
+                        self._keepalive_at = now
+                        eid = self._event_id(_KEEPALIVE)
+                        message = _wire(SessionHeartbeat(event_id=eid))
+                        self._commands.append(
+                            _Command(
+                                next(self._command_numbers), eid, message, self.samples_sent, resend=False
+                            )
+                        )
+                        await ws.send_message(message)
+            except ConnectionClosed:
+                pass
+
+    async def _wait_attached(self) -> None:
+        """Until a resume under way has caught up; raises once the session has ended."""
+        while not self._attached and not self._done.is_set():
+            await self._attached_event.wait()
+        if self._done.is_set():
+            raise self._closed_error()
+
+    def _keep(self, data: bytes, pad_ms: int | None) -> None:
+        """Keep input about to be sent (at position ``samples_sent``) for a resume: the last
+        ``resume_input_s`` seconds while connected, everything while a resume is under way."""
+        if self._reconnect is None:
+            return
+        width = FORMATS[self.input_format]
+        if pad_ms:
+            self._kept_pads[self.samples_sent] = pad_ms
+        self._kept += data
+        limit = max(1, round(self.resume_input_s * self.input_rate)) * width
+        if self._attached and len(self._kept) > limit + limit // 4:
+            cut = len(self._kept) - limit
+            cut -= cut % width
+            del self._kept[:cut]
+            self._kept_start += cut // width
+            self._kept_pads = {p: ms for p, ms in self._kept_pads.items() if p >= self._kept_start}
+
+    async def _send_input(self, message: str | bytes) -> None:
+        """Send an append already counted in ``samples_sent`` (and kept)."""
+        if self._reconnect is None:
+            await self.send_raw(message)
+            return
+        if self._done.is_set():
+            raise self._closed_error()
+        if not self._attached:
+            return  # the resume's catch-up sends it
+        try:
+            await self.ws.send_message(message)
+        except ConnectionClosed:
+            pass  # the receive task sees the drop: a resume re-sends what the server lacks
+
     async def events(self) -> AsyncIterator[ServerEvent]:
         """Every server event in order. Ends after ``session.closed`` (and the socket's close);
-        raises :class:`ServerClosed` if the socket closed without ``session.closed``."""
+        raises :class:`ServerClosed` if the socket closed without ``session.closed``
+        (:class:`SessionLost` for a resumable session that could not be resumed). A resumed
+        session's events come once each, with a :class:`~.events.Resumed` note where the
+        connection changed."""
         if not self._queue_events:
             raise RuntimeError("this client was opened with queue_events=False")
         async for event in self._recv_ch:
             yield event
         if self.closed_event is None:
-            raise ServerClosed(self.close_code, self.close_reason)
+            raise self._closed_error()
 
     async def wait_until(self, predicate: Callable[[], Any], *, timeout: float | None = None) -> Any:
         """Wait (bounded by ``timeout`` -> ``trio.TooSlowError``) until ``predicate()`` is truthy,
@@ -405,7 +886,7 @@ class DuplexClient:
                 if result:
                     return result
                 if self._done.is_set():
-                    raise ServerClosed(self.close_code, self.close_reason) from self.failure
+                    raise self._closed_error() from self.failure
                 await self._changed.wait()
 
     async def wait_for(
@@ -448,27 +929,50 @@ class DuplexClient:
 
     async def send_raw(self, message: str | bytes) -> None:
         """Send one WebSocket message as is; raises :class:`ServerClosed` once the connection
-        has closed."""
+        has closed. On a resumable session it is a command (see the class): sent once the
+        session is attached, re-sent after a resume if the server had not received it."""
+        if self.resumable:
+            obj = _decode(message) if isinstance(message, str) else None
+            eid = obj.get("event_id") if obj is not None else None
+            await self._send_command(message, eid if isinstance(eid, str) else None)
+            return
         if self._done.is_set():
-            raise ServerClosed(self.close_code, self.close_reason)
+            raise self._closed_error()
         try:
             await self.ws.send_message(message)
         except ConnectionClosed as exc:
             code = exc.reason.code if exc.reason is not None else self.close_code
             raise ServerClosed(code, exc.reason.reason if exc.reason else self.close_reason) from None
 
+    async def _send_command(self, message: str | bytes, event_id: str | None) -> None:
+        if self._done.is_set():
+            raise self._closed_error()
+        self._commands.append(_Command(next(self._command_numbers), event_id, message, self.samples_sent))
+        if not self._attached:
+            return  # the resume's catch-up sends it, in its place among the input
+        try:
+            await self.ws.send_message(message)
+        except ConnectionClosed:
+            pass  # a resume re-sends it unless the server says it had it
+
     async def send(self, event: ClientEvent) -> None:
         """Send a client event of :mod:`duplex_actors.protocol.wire_events`."""
-        await self.send_raw(_wire(event))
+        if self.resumable:
+            await self._send_command(_wire(event), getattr(event, "event_id", None))
+        else:
+            await self.send_raw(_wire(event))
 
     async def send_audio(self, samples: AudioInput) -> int:
         """Append audio (any chunk size; the server keeps the partial tail). Bytes must be in the
         session's input format; int16/float arrays are converted. Returns the samples sent."""
         data = to_wire_bytes(samples, self.input_format)
         width = FORMATS[self.input_format]
+        if self._reconnect is not None:
+            await self._wait_attached()
+            self._keep(data, None)
         self.samples_sent += len(data) // width
         self.sends.append((trio.current_time(), self.samples_sent))
-        await self.send_raw(append_message(data))
+        await self._send_input(append_message(data))
         return len(data) // width
 
     async def stream(
@@ -536,6 +1040,8 @@ class DuplexClient:
                     await trio.sleep_until(due + delays[k])
             elif max_ahead_frames is not None and self.frames_sent - self.frames_received >= max_ahead_frames:
                 await self.wait_until(self._room_ahead(max_ahead_frames), timeout=30.0)
+            if not paced and self._reconnect is not None:
+                await self._wait_attached()  # unpaced: no sending ahead into a resume
             if pad_ms:
                 self._pending_pad_ms = None
                 n = min(chunk - round(pad_ms * rate / 1000), enc.total_samples - pos)
@@ -551,11 +1057,14 @@ class DuplexClient:
                 self.pads.append((now, pad_ms))
             sent_at = due if (paced and delays is not None) else now
             times.append(sent_at)
+            if self._reconnect is not None:
+                data = enc.data[pos * width : (pos + n) * width] if enc.data else _append_audio(message)
+                self._keep(data, pad_ms)
             pos += n
             k += 1
             self.samples_sent += n
             self.sends.append((sent_at, self.samples_sent))
-            await self.send_raw(message)
+            await self._send_input(message)
             if progress is not None:
                 progress(min(k, total), total)
         return times
@@ -631,7 +1140,8 @@ class DuplexClient:
     async def _open(self, config: Mapping[str, Any] | None, *, first_message: bool, timeout: float) -> None:
         sent_config = self.dialect == "native" or first_message
         if self.dialect == "native":
-            await self.send(SessionCreate(session=dict(config or {}), event_id="open"))
+            resume = self._reconnect is not None
+            await self.send(SessionCreate(session=dict(config or {}), event_id="open", resume=resume))
         elif first_message:
             await self.send(SessionUpdate(session=dict(config or {}), event_id="open"))
         try:
@@ -711,6 +1221,38 @@ async def _connect(
         raise ConnectFailed(f"could not connect to {label}: {exc}") from exc
 
 
+async def _held_connection(
+    url: str,
+    headers: list[tuple[bytes, bytes]],
+    subprotocols: Sequence[str] | None,
+    timeout: float,
+    max_message_size: int,
+    *,
+    task_status: trio.TaskStatus[WebSocketConnection] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """One more connection (a resume's) in a nursery of its own, so that a refused upgrade
+    (raised by trio-websocket's reader task) fails this connection only: the failure is raised
+    by ``nursery.start`` before the connection starts, and swallowed after."""
+    started = False
+    try:
+        async with trio.open_nursery() as nursery:
+            ws = await _connect(nursery, url, headers, subprotocols, timeout, max_message_size, label=url)
+            started = True
+            task_status.started(ws)
+    except BaseExceptionGroup as group:
+        cancelled, rest = group.split(trio.Cancelled)
+        if cancelled is not None or not started:
+            leaf = _only(group)
+            if isinstance(leaf, ConnectionRejected):
+                raise _rejection(leaf) from None
+            if isinstance(leaf, HandshakeError):
+                raise ConnectFailed(f"could not connect to {url}: {leaf!r}") from None
+            if isinstance(leaf, ConnectFailed):
+                _raise(leaf)
+            raise
+        del rest  # the reader of a connection already handed over failed: the connection is closed
+
+
 @asynccontextmanager
 async def open_duplex_client(
     url: str,
@@ -726,6 +1268,9 @@ async def open_duplex_client(
     queue_events: bool = True,
     max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES,
     alignment: str | None = "client",
+    resume: bool = False,
+    resume_input_s: float = 10.0,
+    accept_gap: bool = False,
 ) -> AsyncIterator[DuplexClient]:
     """Connect, open a session (with ``config`` when given) and yield the client; on exit, close
     the session and the socket.
@@ -738,11 +1283,19 @@ async def open_duplex_client(
     session's ``duplex.alignment`` (docs/protocol.md §7): ``"client"`` (default: the client
     follows the server's alignment hints), ``"server"`` or ``"off"``; ``None`` sends nothing (a
     stock client: the server's default). A ``duplex`` key in ``config`` wins.
+
+    ``resume``: open a resumable session (``session.create {resume: true}``; Realtime:
+    ``resume=1`` added to the URL, which must have ``duplex=1``) that the client resumes by
+    itself when its connection drops (see the module); ``resume_input_s``: seconds of input kept
+    to re-send what the server did not receive; ``accept_gap``: when the server no longer holds
+    every event missed, go on without them (else :class:`SessionLost`, cause ``journal_gap``).
     """
     dialect = _dialect_of(url)
     config, alignment = with_alignment(config, alignment)
     first_message = dialect == "realtime" and (config is not None or _autostart_off(url))
     wire_url = _with_query(url, autostart="0") if first_message else url
+    if resume and dialect == "realtime":
+        wire_url = _with_query(wire_url, resume="1")
     headers: list[tuple[bytes, bytes]] = []
     if api_key:
         headers.append((b"Authorization", f"Bearer {api_key}".encode()))
@@ -755,6 +1308,14 @@ async def open_duplex_client(
             ws = await _connect(
                 nursery, wire_url, headers, subprotocols, connect_timeout, max_message_size, label=url
             )
+            reconnect: _Connector | None = None
+            if resume:
+
+                async def reconnect(target: str, timeout: float) -> WebSocketConnection:
+                    held = partial(_held_connection, target, headers, subprotocols, timeout, max_message_size)
+                    new_ws: WebSocketConnection = await nursery.start(held)
+                    return new_ws
+
             client = DuplexClient(
                 ws,
                 dialect=dialect,
@@ -763,11 +1324,19 @@ async def open_duplex_client(
                 on_event=on_event,
                 queue_events=queue_events,
                 alignment=alignment,
+                reconnect=reconnect,
+                url=url,
+                resume_input_s=resume_input_s,
+                accept_gap=accept_gap,
             )
+            client._nursery = nursery
+            client.connect_timeout = connect_timeout
             nursery.start_soon(client._receive_loop)
             graceful = False
             try:
                 await client._open(config, first_message=first_message, timeout=open_timeout)
+                if resume:
+                    nursery.start_soon(client._upkeep)
                 yield client
                 graceful = True
             finally:
@@ -782,7 +1351,7 @@ async def open_duplex_client(
                             except ServerClosed:
                                 pass
                     with trio.move_on_after(3):
-                        await ws.aclose()
+                        await client.ws.aclose()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         leaf = _only(group)

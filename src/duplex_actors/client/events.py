@@ -150,6 +150,33 @@ class SessionClosed(ServerEvent):
 
 
 @attrs.frozen(kw_only=True)
+class Resumed(ServerEvent):
+    """Not a server event: the note a :class:`~duplex_actors.client.connection.DuplexClient`
+    opened with ``resume=True`` puts in its event stream when it has taken its session over on a
+    new connection after the old one dropped (docs/protocol.md §10). ``type`` is
+    ``session.resumed``; ``raw`` the server's answer without its token; ``seq`` that of the last
+    server event before it (a note takes no number of its own). ``gap_s``: from the moment the
+    client saw the drop to ``session.resumed``; ``attempts``: connections it took;
+    ``generation``: the attachment's (2 after the first resume); ``input_samples_resent``:
+    client input samples re-sent (those the server had not received); ``cause``: how the old
+    connection ended (``dropped``, ``stalled``)."""
+
+    session_id: str
+    generation: int
+    gap_s: float
+    attempts: int
+    cause: str
+    last_server_event_seq: int
+    replay_from_server_event_seq: int
+    input_samples_received: int
+    input_samples_resent: int
+    last_client_event_id: str | None
+
+
+RESUMED_TYPE: Final = "session.resumed"
+
+
+@attrs.frozen(kw_only=True)
 class OtherEvent(ServerEvent):
     """Any event without a view of its own (``response.output_item.added``, ``rate_limits.updated``,
     ``input_audio_buffer.speech_started``, ...): look at ``wire`` (or ``raw``)."""
