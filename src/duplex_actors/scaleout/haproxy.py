@@ -7,6 +7,10 @@ HAProxy through its runtime API. The same commands work with ``socat``; see docs
         add duplex/gpu0 10.0.0.5:8000 --agent-port 8001 --maxconn 8
     python -m duplex_actors.scaleout.haproxy --socket ... remove duplex/gpu0
     python -m duplex_actors.scaleout.haproxy --socket ... state duplex
+
+Each process is added twice under one name: to ``duplex`` (new sessions: maxconn and drain from
+its agent) and to ``duplex_resume`` (resumes, routed by the session id to the process that holds
+the session; no maxconn, no agent). deploy/haproxy/haproxy.cfg says why.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ SERVER_PARAMS = (
     " observe layer4 error-limit 1 on-error mark-down"
     " agent-check agent-inter 1s"
 )
+# The same process in the resume backend: liveness only. No maxconn (a resume takes no new slot,
+# and must reach a full or draining process), no agent (its drain and maxconn are not for resumes).
+RESUME_SERVER_PARAMS = (
+    "check inter 500ms fastinter 250ms downinter 1s fall 2 rise 2"
+    " observe layer4 error-limit 1 on-error mark-down"
+)
+RESUME_SUFFIX = "_resume"
 
 
 class RuntimeError_(Exception):
@@ -94,9 +105,16 @@ class RuntimeAPI:
         agent_port: int,
         maxconn: int = 1,
         params: str = SERVER_PARAMS,
+        resume: bool = True,
     ) -> None:
         """Add a GPU process and start checking it. ``maxconn`` holds until the first agent
-        answer (at most ``agent-inter``) brings the process's own figure."""
+        answer (at most ``agent-inter``) brings the process's own figure. With ``resume``, it
+        first joins ``<backend>_resume`` under the same name, so that the resumes of its
+        sessions can reach it from their first open on."""
+        if resume:
+            self.checked(f"add server {backend}{RESUME_SUFFIX}/{name} {address} {RESUME_SERVER_PARAMS}")
+            self.checked(f"enable health {backend}{RESUME_SUFFIX}/{name}")
+            self.checked(f"enable server {backend}{RESUME_SUFFIX}/{name}")
         self.checked(
             f"add server {backend}/{name} {address} maxconn {maxconn} {params} agent-port {agent_port}"
         )
@@ -104,20 +122,24 @@ class RuntimeAPI:
         self.checked(f"enable agent {backend}/{name}")
         self.checked(f"enable server {backend}/{name}")
 
-    def remove_server(self, backend: str, name: str, *, wait_s: float = 0.0) -> None:
-        """Stop sending it sessions, wait up to ``wait_s`` for its sessions to end, delete it.
-        (``del server`` refuses while it still has connections: drain it first.)"""
+    def remove_server(self, backend: str, name: str, *, wait_s: float = 0.0, resume: bool = True) -> None:
+        """Stop sending it sessions and resumes, wait up to ``wait_s`` for its connections to
+        end, delete it (from ``<backend>_resume`` too, with ``resume``). (``del server`` refuses
+        while it still has connections: drain it first.)"""
         self.checked(f"disable agent {backend}/{name}")
-        self.checked(f"set server {backend}/{name} state maint")
+        targets = [backend] + ([backend + RESUME_SUFFIX] if resume else [])
+        for target in targets:
+            self.checked(f"set server {target}/{name} state maint")
         deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                self.checked(f"del server {backend}/{name}")
-                return
-            except RuntimeError_:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.5)
+        for target in targets:
+            while True:
+                try:
+                    self.checked(f"del server {target}/{name}")
+                    break
+                except RuntimeError_:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.5)
 
     # -- state -----------------------------------------------------------------------------------
     def servers_state(self, backend: str) -> dict[str, ServerState]:
@@ -168,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("address")
     add.add_argument("--agent-port", type=int, required=True)
     add.add_argument("--maxconn", type=int, default=1, help="until the agent reports (default 1)")
+    add.add_argument(
+        "--no-resume", action="store_true", help=f"not into BACKEND{RESUME_SUFFIX} (a config without it)"
+    )
     remove = sub.add_parser("remove", help="drain-free removal: BACKEND/NAME")
     remove.add_argument("server")
     remove.add_argument("--wait", type=float, default=0.0, help="seconds to wait for its sessions")
+    remove.add_argument("--no-resume", action="store_true", help=f"not from BACKEND{RESUME_SUFFIX}")
     state = sub.add_parser("state", help="show the servers of BACKEND")
     state.add_argument("backend")
     args = parser.parse_args(argv)
@@ -178,10 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "add":
             backend, _, name = args.server.partition("/")
-            api.add_server(backend, name, args.address, agent_port=args.agent_port, maxconn=args.maxconn)
+            api.add_server(
+                backend,
+                name,
+                args.address,
+                agent_port=args.agent_port,
+                maxconn=args.maxconn,
+                resume=not args.no_resume,
+            )
         elif args.command == "remove":
             backend, _, name = args.server.partition("/")
-            api.remove_server(backend, name, wait_s=args.wait)
+            api.remove_server(backend, name, wait_s=args.wait, resume=not args.no_resume)
         else:
             for st in api.servers_state(args.backend).values():
                 flags = ("DOWN" if st.down else "UP" if st.up else "?") + (" DRAIN" if st.draining else "")
