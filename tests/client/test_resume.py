@@ -18,8 +18,8 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from duplex_actors.client.audio import encode_audio, speech_like
-from duplex_actors.client.connection import DuplexClient, SessionLost, open_duplex_client
-from duplex_actors.client.errors import ServerClosed
+from duplex_actors.client.connection import DuplexClient, open_duplex_client
+from duplex_actors.client.errors import ServerClosed, SessionLost
 from duplex_actors.client.events import AudioDelta, Resumed, ServerEvent
 
 SID = "sess_fake"

@@ -60,12 +60,13 @@ from .audio import (
     to_mono,
     write_wav,
 )
-from .connection import SessionLost, create_duplex_session_config, open_duplex_client
+from .connection import create_duplex_session_config, open_duplex_client
 from .errors import (
     ConfigRefused,
     ConnectFailed,
     ResourceExhausted,
     ServerClosed,
+    SessionLost,
     SessionRefused,
     Unauthorized,
 )

@@ -75,3 +75,19 @@ class RequestRefused(DuplexError):
         self.code = code
         self.message = message
         self.event_id = event_id
+
+
+class SessionLost(ServerClosed):
+    """The connection of a resumable session dropped and the session could not be resumed.
+    ``cause``: the server's refusal (``session_resume_expired``: the session is gone;
+    ``session_not_found``: the server restarted; ``invalid_resume_token``, ...), ``journal_gap``
+    (the server no longer holds every event the client missed; see ``accept_gap``),
+    ``input_gap`` (the client no longer holds every input sample the server lacks; see
+    ``resume_input_s``) or ``grace_expired`` (no resume succeeded within the server's
+    ``resume_grace_s``). ``code``/``reason``: the close of the connection that dropped."""
+
+    def __init__(self, cause: str, message: str, code: int | None = None, reason: str | None = None) -> None:
+        super().__init__(code, reason)
+        self.args = (f"session lost ({cause}): {message}",)
+        self.cause = cause
+        self.message = message
