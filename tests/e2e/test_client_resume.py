@@ -7,14 +7,10 @@ same audio as an uninterrupted run of the same input."""
 from __future__ import annotations
 
 import io
-import socket
-import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import numpy as np
 import pytest
 import trio
@@ -28,6 +24,7 @@ from duplex_actors.log import records as r
 from duplex_actors.replay.replayer import replay_logic
 
 from .conftest import ServerProcess, start_server
+from .fault_proxy import FaultProxy, proxy_to
 from .helpers import pcm16, read_records, tone_and_noise
 
 FRAMES = 20
@@ -41,88 +38,6 @@ def resume_server(tmp_path_factory, parrot_dir) -> Iterator[ServerProcess]:
     server = start_server(tmp_path_factory.mktemp("client-resume"), "--resume-grace-s", "5")
     yield server
     server.stop()
-
-
-# -- a proxy that breaks connections ------------------------------------------------------------
-@attrs.define(eq=False)
-class _Carried:
-    client: trio.SocketStream
-    upstream: trio.SocketStream
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    muted: bool = False  # the server's bytes are dropped, the client's still carried
-
-
-class Proxy:
-    """A TCP proxy to the server: :meth:`cut` breaks the connections it carries (``rst`` or
-    ``fin``), optionally holding new ones off for a while (an outage); :meth:`mute` stops
-    carrying the server's bytes on them (the client hears nothing: a stall)."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = 0
-        self.carried: list[_Carried] = []
-        self.gate = trio.Event()
-        self.gate.set()
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        task_status.started()
-        await trio.serve_listeners(self._carry, listeners)
-
-    async def _carry(self, client: trio.SocketStream) -> None:
-        await self.gate.wait()
-        upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream_port)
-        pair = _Carried(client, upstream)
-        self.carried.append(pair)
-        with pair.scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump, pair, client, upstream, False)
-                nursery.start_soon(self._pump, pair, upstream, client, True)
-        for stream in (client, upstream):
-            await stream.aclose()
-
-    async def _pump(
-        self, pair: _Carried, source: trio.SocketStream, sink: trio.SocketStream, downstream: bool
-    ) -> None:
-        try:
-            while data := await source.receive_some(65536):
-                if not (downstream and pair.muted):
-                    await sink.send_all(data)
-            await sink.send_eof()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pair.scope.cancel()
-
-    async def cut(self, how: str = "rst", *, outage_s: float = 0.0) -> None:
-        if outage_s:
-            self.gate = trio.Event()
-        for pair in self.carried:
-            pair.scope.cancel()
-            for stream in (pair.client, pair.upstream):
-                if how == "rst":
-                    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                await stream.aclose()
-        self.carried.clear()
-        if outage_s:
-            await trio.sleep(outage_s)
-            self.gate.set()
-
-    def mute(self) -> None:
-        for pair in self.carried:
-            pair.muted = True
-
-
-@asynccontextmanager
-async def proxy_to(server: ServerProcess) -> AsyncIterator[Proxy]:
-    proxy = Proxy(server.port)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run)
-        yield proxy
-        nursery.cancel_scope.cancel()
 
 
 # -- sessions ---------------------------------------------------------------------------------------
@@ -173,7 +88,7 @@ def check_same_as_uninterrupted(events: list[ServerEvent], ref: list[ServerEvent
         assert seqs == list(range(1, len(seqs) + 1))
 
 
-def cut_after(proxy: Proxy, how: str, *at_frames: int, outage_s: float = 0.0) -> Cut:
+def cut_after(proxy: FaultProxy, how: str, *at_frames: int, outage_s: float = 0.0) -> Cut:
     async def cut(client: DuplexClient) -> None:
         for frames in at_frames:
             await client.wait_frames(frames)
@@ -183,12 +98,12 @@ def cut_after(proxy: Proxy, how: str, *at_frames: int, outage_s: float = 0.0) ->
 
 
 async def resumed_session(
-    server: ServerProcess, dialect: str, cut: Callable[[Proxy], Cut], count: int, **kwargs: Any
+    server: ServerProcess, dialect: str, cut: Callable[[FaultProxy], Cut], count: int, **kwargs: Any
 ) -> tuple[DuplexClient, list[Resumed]]:
     """The track on a resumable session through a proxy that ``cut`` breaks, checked against
     the uninterrupted run: the client and its resume notes."""
     ref = await reference(server, dialect)
-    async with proxy_to(server) as proxy:
+    async with proxy_to(server.port) as proxy:
         events, client = await session(proxy.ws + ROUTES[dialect], resume=True, cut=cut(proxy), **kwargs)
     check_same_as_uninterrupted(events, ref, dialect)
     notes = [e for e in events if isinstance(e, Resumed)]
@@ -220,7 +135,7 @@ async def test_an_outage_resends_the_input_sent_meanwhile(resume_server):
 
 
 async def test_a_stalled_connection_is_given_up_and_the_missed_output_replayed(resume_server):
-    def stall(proxy: Proxy) -> Cut:
+    def stall(proxy: FaultProxy) -> Cut:
         async def cut(client: DuplexClient) -> None:
             await client.wait_frames(4)
             proxy.mute()  # the server goes on answering the input in flight, into the void
@@ -236,7 +151,7 @@ async def test_duplex_client_resume_prints_each_resume(resume_server, tmp_path: 
     wav, out = tmp_path / "in.wav", tmp_path / "out.wav"
     write_wav(wav, pcm16(np.concatenate([AUDIO, np.zeros(FRAME_SAMPLES * 3, np.float32)])))
     err = io.StringIO()
-    async with proxy_to(resume_server) as proxy:
+    async with proxy_to(resume_server.port) as proxy:
 
         async def cut() -> None:
             with trio.fail_after(10):

@@ -19,7 +19,7 @@ from duplex_actors.log import records as r
 from duplex_actors.replay.replayer import replay_logic
 
 from .conftest import ServerProcess, start_server
-from .fault_proxy import FaultProxy
+from .fault_proxy import FaultProxy, proxy_to
 from .helpers import Client, connect, get_text, metric, pcm16, read_records, tone_and_noise, wait_idle
 
 FRAME_BYTES = 3840  # 80 ms of pcm16 at 24 kHz
@@ -33,15 +33,6 @@ def resume_server(tmp_path_factory, parrot_dir) -> Iterator[ServerProcess]:
     server = start_server(tmp_path_factory.mktemp("resume"), "--max-sessions", "3", "--resume-grace-s", "4")
     yield server
     server.stop()
-
-
-@asynccontextmanager
-async def proxy_to(server: ServerProcess) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy(server.port)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run)
-        yield proxy
-        nursery.cancel_scope.cancel()
 
 
 def track(frames: int = FRAMES, seed: int = 1) -> bytes:
@@ -150,7 +141,7 @@ async def run_with_drops(
     ``fin`` or ``blackhole``), resume, re-send what the server lacks, go on; end with every
     frame received and the session closed."""
     audio = track()
-    async with proxy_to(server) as proxy:
+    async with proxy_to(server.port) as proxy:
         res = Resumer(server, proxy, kind, audio, chunk)
         for at, how in [*drops, (len(audio), "")]:
             async with attach(res, _current_url(res)) as client:
@@ -349,7 +340,7 @@ async def test_a_drop_right_after_a_cancel_resumes_the_new_response(resume_serve
 async def dropped_session(server: ServerProcess, frames: int = 4) -> AsyncIterator[dict[str, Any]]:
     """A resumable native session with ``frames`` frames sent and its connection dropped:
     ``{"session_id", "token", "cursor", "received"}``."""
-    async with proxy_to(server) as proxy:
+    async with proxy_to(server.port) as proxy:
         async with connect(proxy.ws + "/v1/duplex", graceful=False) as c:
             await c.send(KINDS["native"].opening)
             created = await c.wait_for("session.created")
@@ -542,7 +533,7 @@ async def test_a_resume_after_a_restart_finds_no_session(fresh_server, tmp_path)
 async def test_a_detached_session_keeps_its_slot_and_its_token_stays_secret(fresh_server):
     server = fresh_server("--resume-grace-s", "10", "--max-sessions", "2", "--api-key", "sk-test")
     auth = [("Authorization", "Bearer sk-test")]
-    async with proxy_to(server) as proxy:
+    async with proxy_to(server.port) as proxy:
         async with connect(proxy.ws + "/v1/duplex", graceful=False, headers=auth) as c:
             await c.send(KINDS["native"].opening)
             created = await c.wait_for("session.created")
