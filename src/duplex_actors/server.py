@@ -50,6 +50,7 @@ from .scheduler.policy import make_policy
 from .session import events as ev
 from .session.actor import SessionActor
 from .session.alignment import Grid
+from .session.tombstones import Tombstones
 
 if TYPE_CHECKING:
     from .core.link import CoreLink
@@ -421,7 +422,7 @@ class DuplexServer(Generic[SchedulerT]):
         self.voice_aliases: dict[str, str] = {}
         # Resumable sessions by id (``web/resumable.py``), from open until they end.
         self.resumable: dict[str, Any] = {}
-        self.resume_tombstones: Any = None  # web.resumable.Tombstones, made on first use
+        self.resume_tombstones = Tombstones()  # resumable sessions that ended lately
 
     def new_session_id(self) -> str:
         """An id for a session about to open (``open_session(session_id=...)``)."""

@@ -58,7 +58,6 @@ from .resumable import (
     ResumeRefused,
     ResumeSettings,
     ResyncRequired,
-    tombstones,
 )
 from .wire_text import wire_message
 
@@ -267,7 +266,7 @@ class Connection:
         client's cursor, then live output."""
         rs = self.server.resumable.get(request.session_id)
         try:
-            if rs is None and request.session_id in tombstones(self.server):
+            if rs is None and self.server.resume_tombstones.holds(request.session_id, trio.current_time()):
                 raise ResumeRefused(
                     error_codes.SESSION_RESUME_EXPIRED, "the session has ended, or its grace expired", 1000
                 )

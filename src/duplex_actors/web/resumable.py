@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -60,26 +59,6 @@ class ResumeSettings:
     @property
     def enabled(self) -> bool:
         return self.grace_s > 0
-
-
-class Tombstones:
-    """The ids of resumable sessions that ended here lately (at most ``size``, for ``ttl_s``):
-    a resume of one is told ``session_resume_expired``, a resume of an id never seen here
-    ``session_not_found`` (its process restarted or died, or it never existed)."""
-
-    def __init__(self, size: int = 10_000, ttl_s: float = 900.0) -> None:
-        self.size, self.ttl_s = size, ttl_s
-        self._ended: OrderedDict[str, float] = OrderedDict()
-
-    def add(self, session_id: str, now: float) -> None:
-        self._ended[session_id] = now
-        self._ended.move_to_end(session_id)
-        while len(self._ended) > self.size:
-            self._ended.popitem(last=False)
-
-    def __contains__(self, session_id: object) -> bool:
-        ended = self._ended.get(session_id) if isinstance(session_id, str) else None
-        return ended is not None and trio.current_time() - ended <= self.ttl_s
 
 
 class ResumeRefused(Exception):
@@ -141,6 +120,7 @@ class ResumableSession:
         self._grew = trio.Event()
         self._claimed = trio.Event()
         self._token_proven = True
+        self._counted_bytes = 0  # of the journal, in counters.journal_bytes
 
     @property
     def session_id(self) -> str:
@@ -172,11 +152,9 @@ class ResumableSession:
             self._claimed.set()  # a grace timer has nothing left to wait for
             if self.server.resumable.get(self.session_id) is self:
                 del self.server.resumable[self.session_id]
-                tombstones(self.server).add(self.session_id, trio.current_time())
+                self.server.resume_tombstones.add(self.session_id, trio.current_time())
             self.counters.journal_bytes -= self._counted_bytes
             self._counted_bytes = 0
-
-    _counted_bytes = 0
 
     def _wake(self) -> None:
         change = self.journal.bytes - self._counted_bytes
@@ -336,21 +314,10 @@ class ResumableSession:
             self.server.start_soon(self._grace, self.generation)
 
 
-def tombstones(server: DuplexServer[Any]) -> Tombstones:
-    """The server's :class:`Tombstones` (made on first use)."""
-    found = getattr(server, "resume_tombstones", None)
-    if found is None:
-        found = server.resume_tombstones = Tombstones()
-    assert isinstance(found, Tombstones)
-    return found
-
-
 __all__ = [
     "Claim",
     "ResumableSession",
     "ResumeRefused",
     "ResumeSettings",
     "ResyncRequired",
-    "Tombstones",
-    "tombstones",
 ]
