@@ -148,38 +148,41 @@ def decode_append(
 MAX_PAD_MS: Final = 80  # an append's pad_ms is in [0, 80)
 
 
-def append_pad_ms(append: InputAudioBufferAppend) -> int:
-    """The append's ``pad_ms`` (0 when absent); anything but an integer in [0, 80) refuses the
-    whole append with ``invalid_value`` (docs/protocol.md §7)."""
-    pad = append.pad_ms
-    if pad is None:
-        return 0
-    if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < MAX_PAD_MS:
+def _append_integer(
+    append: InputAudioBufferAppend, name: str, value: Any, stop: int | None, expected: str
+) -> int | None:
+    """An optional integer field of an append, in [0, ``stop``) (no bound: None); anything else
+    refuses the whole append with ``invalid_value``."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 0
+        or (stop is not None and value >= stop)
+    ):
         raise ProtocolError(
             codes.INVALID_VALUE,
-            f"pad_ms must be an integer in [0, {MAX_PAD_MS}), not {clip(repr(pad), 64)}",
-            param="pad_ms",
+            f"{name} must be {expected}, not {clip(repr(value), 64)}",
+            param=name,
             event_type=append.TYPE,
             client_event_id=append.event_id,
         )
-    return pad
+    return value
+
+
+def append_pad_ms(append: InputAudioBufferAppend) -> int:
+    """The append's ``pad_ms`` (0 when absent), an integer in [0, 80) (docs/protocol.md §7)."""
+    pad = _append_integer(append, "pad_ms", append.pad_ms, MAX_PAD_MS, f"an integer in [0, {MAX_PAD_MS})")
+    return pad or 0
 
 
 def append_samples_start(append: InputAudioBufferAppend) -> int | None:
-    """The append's ``input_samples_start`` (None when absent); anything but a non-negative
-    integer refuses the append with ``invalid_value``."""
-    start = append.input_samples_start
-    if start is None:
-        return None
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ProtocolError(
-            codes.INVALID_VALUE,
-            f"input_samples_start must be a non-negative integer, not {clip(repr(start), 64)}",
-            param="input_samples_start",
-            event_type=append.TYPE,
-            client_event_id=append.event_id,
-        )
-    return start
+    """The append's ``input_samples_start`` (None when absent), a non-negative integer
+    (docs/protocol.md §10)."""
+    return _append_integer(
+        append, "input_samples_start", append.input_samples_start, None, "a non-negative integer"
+    )
 
 
 def ga_output_format(value: Any, *, ctx: dict[str, Any]) -> str:
