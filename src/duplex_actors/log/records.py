@@ -347,8 +347,66 @@ def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
     return found
 
 
+def _step_json(record: Step) -> str | None:
+    """A step record's JSON as :data:`_PAYLOAD_JSON` writes it, or None where its values are not
+    the plain types this template writes (then the encoder does, and decides)."""
+    agent, user, piece = record.agent_codes, record.user_codes, record.text_piece
+    if (
+        type(record.epoch) is not int
+        or type(record.frame_index) is not int
+        or type(record.text_token) is not int
+        or type(record.ready) is not bool
+        or type(piece) is not str
+        or type(agent) is not tuple
+        or type(user) is not tuple
+        or not all(type(code) is int for code in agent)
+        or not all(type(code) is int for code in user)
+    ):
+        return None
+    return (
+        f'{{"agent_codes":[{",".join(map(str, agent))}],"epoch":{record.epoch},'
+        f'"frame_index":{record.frame_index},"ready":{"true" if record.ready else "false"},'
+        f'"text_piece":{_json_string(piece)},"text_token":{record.text_token},'
+        f'"user_codes":[{",".join(map(str, user))}]}}'
+    )
+
+
+def _append_json(record: Append) -> str | None:
+    """An append record's JSON as :data:`_PAYLOAD_JSON` writes it, or None (see :func:`_step_json`)."""
+    event_id, fmt, rate = record.client_event_id, record.format, record.sample_rate_hz
+    if type(fmt) is not str or type(rate) is not int:
+        return None
+    if event_id is None:
+        event_json = "null"
+    elif type(event_id) is str:
+        event_json = _json_string(event_id)
+    else:
+        return None
+    return f'{{"client_event_id":{event_json},"format":{_json_string(fmt)},"sample_rate_hz":{rate}}}'
+
+
+# The records of every frame (an append in, a step out) skip the generic encoder's dict and
+# key sort: a template of the same bytes (tests/log/test_records.py compares them).
+_json_string = json.encoder.encode_basestring_ascii
+
+
 def encode_payload(record: Record) -> tuple[int, bytes]:
     """``(kind, payload bytes)`` of a record."""
+    if type(record) is Step:
+        step = _step_json(record)
+        if step is not None:
+            text = step.encode()
+            return Step.KIND, _JSON_LEN.pack(len(text)) + text + bytes(record.pcm16)
+    elif type(record) is Append:
+        append = _append_json(record)
+        if append is not None:
+            text = append.encode()
+            return Append.KIND, _JSON_LEN.pack(len(text)) + text + bytes(record.audio)
+    return generic_payload(record)
+
+
+def generic_payload(record: Record) -> tuple[int, bytes]:
+    """:func:`encode_payload` without the templates: every record through the JSON encoder."""
     cls = type(record)
     names, blob_field = _field_names(cls)
     fields = {}

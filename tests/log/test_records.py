@@ -1,0 +1,70 @@
+"""The per-frame records' templates write the bytes the generic JSON encoder writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from duplex_actors.log import records as r
+
+CODES = st.lists(st.integers(min_value=-(2**70), max_value=2**70), max_size=17).map(tuple)
+TEXT = st.text(max_size=40)  # any code point: escapes, surrogates, non-ASCII
+
+
+@given(
+    epoch=st.integers(min_value=0, max_value=2**40),
+    frame_index=st.integers(min_value=-1, max_value=2**40),
+    ready=st.booleans(),
+    text_token=st.integers(min_value=-(2**63), max_value=2**63),
+    text_piece=TEXT,
+    agent=CODES,
+    user=CODES,
+    pcm16=st.binary(max_size=64),
+)
+def test_step_template_equals_the_encoder(
+    epoch: int,
+    frame_index: int,
+    ready: bool,
+    text_token: int,
+    text_piece: str,
+    agent: tuple[int, ...],
+    user: tuple[int, ...],
+    pcm16: bytes,
+) -> None:
+    record = r.Step(epoch, frame_index, ready, text_token, text_piece, agent, user, pcm16)
+    assert r.encode_payload(record) == r.generic_payload(record)
+    assert r.decode_payload(*r.encode_payload(record)) == record
+
+
+@given(
+    audio=st.binary(max_size=64),
+    fmt=st.sampled_from(["pcm16", "g711_ulaw", "g711_alaw", 'fmt\u00e9\n"x']),
+    event_id=st.none() | TEXT,
+    rate=st.integers(min_value=0, max_value=2**40),
+)
+def test_append_template_equals_the_encoder(audio: bytes, fmt: str, event_id: str | None, rate: int) -> None:
+    record = r.Append(audio, fmt, event_id, rate)
+    assert r.encode_payload(record) == r.generic_payload(record)
+    assert r.decode_payload(*r.encode_payload(record)) == record
+
+
+class _Int(int):
+    """An int subclass, as numpy or a bool would bring: its JSON is the encoder's to decide."""
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        r.Step(True, 1, True, 5, "a", (1, 2), (3,), b"\x00\x01"),  # a bool where an int is
+        r.Step(1, 1, 1, 5, "a", (1, 2), (3,), b""),  # type: ignore[arg-type]  # an int for ready
+        r.Step(1, 1, False, _Int(5), "a", (1, _Int(2)), (3,), b""),
+        r.Step(1, 1, False, 5, "a", [1, 2], (3,), b""),  # type: ignore[arg-type]  # a list for codes
+        r.Append(b"\x01\x02", "pcm16", "evt", True),
+        r.Append(b"", "pcm16", _Int(3), 8000),  # type: ignore[arg-type]
+    ],
+)
+def test_other_types_take_the_encoder(record: Any) -> None:
+    assert r.encode_payload(record) == r.generic_payload(record)
