@@ -212,8 +212,42 @@ def event_to_jsonable(event: SessionEvent) -> dict[str, Any]:
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
+def _audio_frame_head(event: AudioFrame) -> str | None:
+    """An output frame's canonical JSON as :data:`_CANONICAL_JSON` writes it, or None where its
+    values are not the plain types this template writes (then the encoder does, and decides)."""
+    end = event.input_samples_end
+    if (
+        type(event.epoch) is not int
+        or type(event.frame_index) is not int
+        or type(event.response_id) is not str
+        or type(event.item_id) is not str
+        or type(event.text) is not str
+        or type(event.pcm16) is not bytes
+        or (end is not None and type(end) is not int)
+    ):
+        return None
+    samples_end = "" if end is None else f'"input_samples_end":{end},'
+    return (
+        f'{{"epoch":{event.epoch},"event":"AudioFrame","frame_index":{event.frame_index},{samples_end}'
+        f'"item_id":{_json_string(event.item_id)},"pcm16":{len(event.pcm16)},'
+        f'"response_id":{_json_string(event.response_id)},"text":{_json_string(event.text)}}}'
+    )
+
+
+# Every output frame's digest skips the generic encoder's dict and key sort: a template of the
+# same bytes (tests/session/test_events.py compares them).
+_json_string = json.encoder.encode_basestring_ascii
+
+
 def canonical_bytes(event: SessionEvent) -> bytes:
     """Canonical bytes of an event for the outbound-stream digest (audio included raw)."""
+    if type(event) is AudioFrame and (head := _audio_frame_head(event)) is not None:
+        return head.encode() + b"\0" + event.pcm16
+    return generic_canonical_bytes(event)
+
+
+def generic_canonical_bytes(event: SessionEvent) -> bytes:
+    """:func:`canonical_bytes` without the template: every event through the JSON encoder."""
     fields: dict[str, Any] = {"event": event_name(event)}
     blobs = []
     for a in attrs.fields(type(event)):
