@@ -77,6 +77,12 @@ _STOCK_REASONS: Final[dict[str, str | None]] = {
 # OpenAI's words for a cancel with no response (LiveKit's plugin drops errors that start so).
 STOCK_CANCEL_NOT_ACTIVE: Final = "Cancellation failed: no active response found"
 _VLLM_OMNI_RUNTIME: Final = wire.VllmOmniRuntime("scheduler_data_plane", True, True)
+# The events whose ``server_event_seq`` is their last field (nothing flattened after it).
+_SEQ_LAST: Final = frozenset(
+    cls
+    for cls in wire.REALTIME_SERVER_EVENTS
+    if attrs.fields(cls)[-1].name == "server_event_seq" and getattr(cls, "FLATTEN", None) is None
+)
 
 
 def error_object(
@@ -176,9 +182,15 @@ class RealtimeProjection:
 
     def _encode(self, event: Any) -> dict[str, Any]:
         # KeyError: an event this vocabulary lacks, built without asking _sends() first.
-        encode = self._encoders[type(event)]
-        if self.duplex and not isinstance(event, wire.RealtimeSessionCreated):
+        cls = type(event)
+        encode = self._encoders[cls]
+        if self.duplex and cls is not wire.RealtimeSessionCreated:
             self._server_event_seq += 1
+            if cls in _SEQ_LAST and event.server_event_seq is None:
+                # The seq is the message's last key: set on the message, not by a copy of the event.
+                message = encode(event)
+                message["server_event_seq"] = self._server_event_seq
+                return message
             event = attrs.evolve(event, server_event_seq=self._server_event_seq)
         return encode(event)
 
@@ -346,24 +358,28 @@ class RealtimeProjection:
         first = frames[0]
         rid, item_id = first.response_id, first.item_id
         pcm = first.pcm16 if len(frames) == 1 else b"".join(f.pcm16 for f in frames)
-        metadata = wire.AudioMetadata(
-            first.epoch,
-            first.frame_index,
-            FRAME_MS * len(frames),
-            input_samples_end=frames[-1].input_samples_end,
-        )
         if self.duplex:
-            metadata = attrs.evolve(
-                metadata,
+            metadata = wire.AudioMetadata(
+                first.epoch,
+                first.frame_index,
+                FRAME_MS * len(frames),
                 session_id=self.session_id,
                 model_speak=True,
                 end_of_turn=False,
                 vllm_omni=_VLLM_OMNI_RUNTIME,
+                input_samples_end=frames[-1].input_samples_end,
             )
             if self._spoken != rid:
                 self._spoken = rid
                 speak = wire.SpeakMetadata(self.session_id, first.epoch, True)
                 self._emit(out, wire.RealtimeResponseSpeak(self._id(), rid, item_id, 0, 0, speak))
+        else:
+            metadata = wire.AudioMetadata(
+                first.epoch,
+                first.frame_index,
+                FRAME_MS * len(frames),
+                input_samples_end=frames[-1].input_samples_end,
+            )
         self._emit(
             out,
             wire.RealtimeOutputAudioDelta(
