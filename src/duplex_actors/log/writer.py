@@ -18,10 +18,11 @@ event loop. Policies:
   reported meanwhile, ``healthy`` is True again (``log.health`` decides). Logs that failed stay failed.
 * **Durability is observable.** :meth:`SessionLog.wait_durable` returns once a record is committed,
   so a caller can hold an acknowledgement back until then.
-* **Commits linger.** A batch whose records nobody waits for is committed ``linger_s`` (10 ms)
-  after its first record, so a trickle of small records (a storm of tiny appends, many sessions'
-  20 ms chunks) costs one commit, one hop into a worker thread and back, per ``linger_s``, not
-  one per record. Anything that waits (``wait_durable``, a close, a flush, a queue half full,
+* **Commits linger.** A batch whose records nobody waits for is committed ``linger_s`` (40 ms,
+  half a frame) after its first record, so a trickle of small records (a storm of tiny appends,
+  many sessions' 20 ms chunks) costs one commit, one hop into a worker thread and back, per
+  ``linger_s``, not one per record, and a tick's appends and step records share one fdatasync
+  per file. Anything that waits (``wait_durable``, a close, a flush, a queue half full,
   ``wait_for_room``) commits at once.
 * **Live logs are locked.** Each open log file holds a shared ``flock`` for as long as the writer
   has it open; retention (``log.retention``) skips a file whose lock it cannot take.
@@ -252,6 +253,12 @@ class _FileJob:
     fsync: bool
     error: OSError | None = None
     fsync_s: float | None = None
+
+
+# Half a frame: the appends of a tick's pre-tick burst and the step records that answer them
+# (25-40 ms later on a GPU) go in one commit, one fdatasync per file per tick: the kernel's
+# time in fdatasync is the front end's CPU too (BENCHMARKS.md, "Front-end ceiling").
+COMMIT_LINGER_S: Final = 0.04
 
 
 def _run_job(job: _FileJob) -> None:
@@ -644,7 +651,7 @@ async def open_log_writer(
     io_threads: int = 4,
     on_failure: Callable[[SessionLog, OSError], None] | None = None,
     probe_interval_s: float = 5.0,
-    linger_s: float = 0.01,
+    linger_s: float = COMMIT_LINGER_S,
 ) -> AsyncIterator[LogWriter]:
     """Run a :class:`LogWriter` for the body of the ``async with``; one per process.
 
