@@ -210,6 +210,7 @@ class ModelHolder:
         self.faults = Faults.from_env()
         self.core_lost = trio.Event()  # the engine core's link closed (its sessions have ended)
         self._started = trio.Event()  # serving, or failed to start
+        self.serving = trio.Event()  # linked to the core, and the duplex server is up
         # The engine core's start-up phases (model/startup.py), as it reports them: /ready, /health.
         self.startup = StartupState()
         # Called with one line when the model cannot be served (a phase failed before /ready):
@@ -317,6 +318,7 @@ class ModelHolder:
                 self._apply_admission()
                 self.loaded_at = time.time()
                 self._started.set()
+                self.serving.set()
                 await link.closed.wait()
                 self.error = str(link.failed)
                 log.error("%s: this front end takes no more sessions", self.error)

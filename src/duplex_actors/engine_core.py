@@ -41,6 +41,7 @@ from .core import wire
 from .core.link import peer_uid
 from .core.rings import INPUT_DTYPE, OUTPUT_DTYPE, FrameRing
 from .error_codes import code_of
+from .heap import freeze_heap
 from .model.engine import DEFAULT_CONTEXT_POLICY, ModelEngine
 from .model.startup import FAILED, PhaseReport, PhaseSink, Startup, StartupState, import_engine
 from .procname import set_process_name
@@ -560,14 +561,16 @@ async def run_engine_core(
             engine, scheduler, settings, warmup_ms=warmup_ms, phases=tuple(start.state.phases.values())
         )
         start.core = core
+        frozen = freeze_heap()  # heap.py: a full collection no longer scans the model and the scheduler
         start.settled.set()
         log.info(
-            "engine core %d: %s with %d slots ready in %.1f s (warm-up %.0f ms)",
+            "engine core %d: %s with %d slots ready in %.1f s (warm-up %.0f ms, serving heap frozen: %d objects)",
             os.getpid(),
             settings.model,
             engine.slots,
             time.perf_counter() - started,
             warmup_ms,
+            frozen,
         )
         if idle_exit_s is not None:
             nursery.start_soon(_exit_when_idle, core, idle_exit_s, nursery.cancel_scope)

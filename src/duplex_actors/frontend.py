@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from .config import ServerConfig
+from .heap import freeze_heap
 from .procname import set_process_name
 
 SPEC_ENV = "DUPLEX_FRONTEND"
@@ -119,7 +120,13 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         await trio.sleep(spec.drain_timeout_s + PARENT_GONE_GRACE_S)
         os._exit(1)
 
+    async def freeze_serving_heap() -> None:
+        await holder.serving.wait()
+        frozen = freeze_heap()  # heap.py: full collections no longer scan the app and its server
+        log.info("%s: serving heap frozen (%d objects)", name, frozen)
+
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(freeze_serving_heap)
         nursery.start_soon(on_signals)
         nursery.start_soon(on_core_lost)
         nursery.start_soon(watch_parent)

@@ -102,6 +102,9 @@ async def test_two_front_ends_share_one_slot_table_and_one_metrics_view(tmp_path
         rc = await trio.to_thread.run_sync(server.stop, signal.SIGTERM)
     assert rc == 0, server.output
     assert not any(_alive(pid) for pid in pids), "a front end outlived the drain"
+    # heap.py: the core and each front end froze their serving heap once they served.
+    assert "serving heap frozen:" in server.output, server.output[-3000:]
+    assert server.output.count(": serving heap frozen (") == 2, server.output[-3000:]
 
 
 async def _session_on(server: ServerProcess, pid: int, stack, tries: int = 40):
