@@ -85,6 +85,7 @@ CHANGED = ServerConfig(
     log_max_age_s=3600.0,
     log_max_bytes=1 << 30,
     log_probe_interval_s=0.5,
+    log_commit_linger_s=0.05,
     api_key="k",
     allowed_origins=("https://a.example", "https://b.example"),
     static_ui=None,  # a directory with an index.html: test_a_ui_dir_needs_its_index

@@ -305,6 +305,7 @@ class ModelHolder:
                 log_max_age_s=cfg.log_max_age_s,
                 log_max_bytes=cfg.log_max_bytes,
                 log_probe_interval_s=cfg.log_probe_interval_s,
+                log_commit_linger_s=cfg.log_commit_linger_s,
                 limits=limits,
                 outbox_size=cfg.outbox_events,
                 opus_workers=cfg.opus_workers,

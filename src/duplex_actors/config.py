@@ -16,6 +16,7 @@ from pathlib import Path
 
 import attrs
 
+from .log.writer import COMMIT_LINGER_S
 from .model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY
 from .model.memory import DTYPES, parse_size
 from .model.voices import parse_voice_alias
@@ -90,6 +91,14 @@ RESUME_GRACE: Kind[float] = Kind(
     f"a number of seconds in 0..{MAX_RESUME_GRACE_S:g}",
     float,
     accepts=lambda v: isinstance(v, (int, float)) and 0 <= v <= MAX_RESUME_GRACE_S,
+    render=repr,
+)
+
+MAX_LOG_COMMIT_LINGER_S = 1.0
+LOG_COMMIT_LINGER: Kind[float] = Kind(
+    f"a number of seconds in 0..{MAX_LOG_COMMIT_LINGER_S:g}",
+    float,
+    accepts=lambda v: isinstance(v, (int, float)) and 0 <= v <= MAX_LOG_COMMIT_LINGER_S,
     render=repr,
 )
 
@@ -206,6 +215,17 @@ class ServerConfig:
         metavar="SECONDS",
         help="while the log dir fails (a log could not be created, written or fsynced), probe it "
         "this often; admissions resume once a probe works (section 6)",
+    )
+    log_commit_linger_s: float = setting(
+        COMMIT_LINGER_S,
+        LOG_COMMIT_LINGER,
+        env="DUPLEX_LOG_COMMIT_LINGER",
+        flag="--log-commit-linger",
+        metavar="SECONDS",
+        help="how long the session logs' records that nobody waits for (audio, step results) gather "
+        "before their commit (write and fdatasync); an acknowledged record is committed at once",
+        details="Each commit costs one fdatasync per log in it, CPU of the front end's (section 6, "
+        '"Durability"); a crash loses at most the records of this long that nobody waited for',
     )
     api_key: str | None = setting(
         None,

@@ -39,7 +39,7 @@ from .config import DEFAULT_TICK_POLICY
 from .counters import Counters
 from .log import records as r
 from .log.retention import prune
-from .log.writer import LogWriter, open_log_writer
+from .log.writer import COMMIT_LINGER_S, LogWriter, open_log_writer
 from .model.engine import EngineDescription, ModelEngine
 from .model.errors import InvalidRuntimeConfig
 from .model.voices import AliasedVoices
@@ -741,6 +741,7 @@ async def open_duplex_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
+    log_commit_linger_s: float = COMMIT_LINGER_S,
     voice_aliases: Mapping[str, str] | None = None,
 ) -> AsyncIterator[DuplexServer[Scheduler]]:
     """Run the scheduler, the log writer and the sessions for ``engine`` until the block exits.
@@ -757,7 +758,8 @@ async def open_duplex_server(
       ones).
     - ``log_max_age_s`` and ``log_max_bytes`` prune finished logs (oldest first) every
       ``retention_interval_s``; while the log dir cannot be written, it is probed every
-      ``log_probe_interval_s``.
+      ``log_probe_interval_s``; records nobody waits for are committed ``log_commit_linger_s``
+      after the first of them.
     - ``opus_workers`` sizes the Opus codec pool of ``/api/chat``
       (:meth:`DuplexServer.get_opus_pool`).
     - ``voice_aliases`` (``model.voices.voice_alias_table``): voice names sessions may ask for
@@ -790,6 +792,7 @@ async def open_duplex_server(
             retention_interval_s=retention_interval_s,
             opus_workers=opus_workers,
             log_probe_interval_s=log_probe_interval_s,
+            log_commit_linger_s=log_commit_linger_s,
             voice_aliases=voice_aliases,
         ) as server:
             server.recovered_logs = recovered
@@ -809,6 +812,7 @@ async def open_linked_server(
     retention_interval_s: float = 60.0,
     opus_workers: int | None = None,
     log_probe_interval_s: float = 5.0,
+    log_commit_linger_s: float = COMMIT_LINGER_S,
     voice_aliases: Mapping[str, str] | None = None,
     session_ids: Callable[[], str] = new_session_id,
 ) -> AsyncIterator[DuplexServer[CoreLink]]:
@@ -833,6 +837,7 @@ async def open_linked_server(
         retention_interval_s=retention_interval_s,
         opus_workers=opus_workers,
         log_probe_interval_s=log_probe_interval_s,
+        log_commit_linger_s=log_commit_linger_s,
         voice_aliases=voice_aliases,
         # A front end's CPU is its sessions' own (the model runs in the core): per frame, it
         # is what reading the pre-tick burst costs.
@@ -860,11 +865,16 @@ async def _serve(
     retention_interval_s: float,
     opus_workers: int | None,
     log_probe_interval_s: float,
+    log_commit_linger_s: float,
     voice_aliases: Mapping[str, str] | None,
     measure_frame_cpu: bool = False,
 ) -> AsyncIterator[DuplexServer[SchedulerT]]:
     async with open_log_writer(
-        log_dir, fsync=fsync, inline_io=inline_io, probe_interval_s=log_probe_interval_s
+        log_dir,
+        fsync=fsync,
+        inline_io=inline_io,
+        probe_interval_s=log_probe_interval_s,
+        linger_s=log_commit_linger_s,
     ) as writer:
         async with trio.open_nursery() as nursery:
             server = DuplexServer(

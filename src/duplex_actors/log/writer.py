@@ -18,12 +18,11 @@ event loop. Policies:
   reported meanwhile, ``healthy`` is True again (``log.health`` decides). Logs that failed stay failed.
 * **Durability is observable.** :meth:`SessionLog.wait_durable` returns once a record is committed,
   so a caller can hold an acknowledgement back until then.
-* **Commits linger.** A batch whose records nobody waits for is committed ``linger_s`` (40 ms,
-  half a frame) after its first record, so a trickle of small records (a storm of tiny appends,
-  many sessions' 20 ms chunks) costs one commit, one hop into a worker thread and back, per
-  ``linger_s``, not one per record, and a tick's appends and step records share one fdatasync
-  per file. Anything that waits (``wait_durable``, a close, a flush, a queue half full,
-  ``wait_for_room``) commits at once.
+* **Commits linger.** A batch whose records nobody waits for is committed ``linger_s`` (0.2 s,
+  ``serve --log-commit-linger``) after its first record, so a trickle of small records (a storm
+  of tiny appends, many sessions' frames) costs one commit, one hop into a worker thread and back
+  and one fdatasync per file, per ``linger_s``, not one per record. Anything that waits
+  (``wait_durable``, a close, a flush, a queue half full, ``wait_for_room``) commits at once.
 * **Live logs are locked.** Each open log file holds a shared ``flock`` for as long as the writer
   has it open; retention (``log.retention``) skips a file whose lock it cannot take.
 """
@@ -255,10 +254,11 @@ class _FileJob:
     fsync_s: float | None = None
 
 
-# Half a frame: the appends of a tick's pre-tick burst and the step records that answer them
-# (25-40 ms later on a GPU) go in one commit, one fdatasync per file per tick: the kernel's
-# time in fdatasync is the front end's CPU too (BENCHMARKS.md, "Front-end ceiling").
-COMMIT_LINGER_S: Final = 0.04
+# A session's frames cost one fdatasync per file per commit, and the kernel's time in fdatasync is
+# the front end's CPU too: at 10 ms (two or three commits per tick) it was a fifth of a front
+# end's CPU per session-frame, at 0.2 s it is a few percent (BENCHMARKS.md, "Front-end ceiling").
+# What a crash can lose is records nobody waited for: nothing acknowledged ever lingers.
+COMMIT_LINGER_S: Final = 0.2
 
 
 def _run_job(job: _FileJob) -> None:
