@@ -2,7 +2,7 @@
 the session's log and back.
 
 Everything is measured as CPU time of the thread that does the work (``time.thread_time``, or
-the server's main thread from ``/proc/PID/task/PID/stat``), never as wall time, so that the
+the front end's main thread from ``/proc/PID/task/PID/stat``), never as wall time, so that the
 figures hold on a machine other processes load; ratios are measured within one run.
 
 Arms (all by default; ``--arms`` picks some):
@@ -10,7 +10,7 @@ Arms (all by default; ``--arms`` picks some):
 * ``server``: a real ``duplex-actors serve --model tiny-parrot`` process with the message and
   byte budgets lifted; one Realtime client (this process) sends N ``input_audio_buffer.append``
   messages of 1 sample and of 480 samples (20 ms), 64 WebSocket frames per ``send``, then a
-  heartbeat, and waits for its ack. CPU per append = the server's event-loop thread's CPU over
+  heartbeat, and waits for its ack. CPU per append = its front end's event-loop thread's CPU over
   that span / N (everything: hypercorn and wsproto, quart, the dialect, the session actor, the
   core, the log records). Also 200 KB ``session.update`` messages (refused past the 256 KiB
   config bound after the first, as the config attacker of tests/reliability sends them).
@@ -140,22 +140,39 @@ def process_cpu_s(pid: int) -> float:
 
 
 # -- arm: a real server ------------------------------------------------------------------------
-def start_server(log_dir: Path, *args: str, profile: Path | None = None) -> tuple[subprocess.Popen[str], int]:
+def start_server(
+    log_dir: Path, *args: str, profile: Path | None = None
+) -> tuple[subprocess.Popen[str], int, int]:
+    """``serve`` with one front end: its process, its port, and its front end's pid (the
+    process whose event loop reads the appends; ``profile``: its cProfile statistics go to
+    ``profile.0`` when it exits, through ``DUPLEX_FRONTEND_PROFILE``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    exe = [EXE] if profile is None else [sys.executable, "-m", "cProfile", "-o", str(profile)]
+    cmd = [
+        EXE,
+        "serve",
+        "--model",
+        "tiny-parrot",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(log_dir),
+        "--frontends",
+        "1",
+        *args,
+    ]
+    env = dict(os.environ)
     if profile is not None:
-        exe += ["-m", "duplex_actors.cli"]
-    cmd = [*exe, "serve", "--model", "tiny-parrot", "--port", str(port), "--log-dir", str(log_dir), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        env["DUPLEX_FRONTEND_PROFILE"] = str(profile)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                 s.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 if b" 200 " in s.recv(4096):
-                    return proc, port
+                    return proc, port, frontend_pid(proc.pid)
         except OSError:
             pass
         time.sleep(0.3)
@@ -163,11 +180,25 @@ def start_server(log_dir: Path, *args: str, profile: Path | None = None) -> tupl
     raise RuntimeError("server not ready in 120 s")
 
 
+def frontend_pid(parent: int) -> int:
+    """The pid of ``parent``'s child named ``duplex-fe-0`` (``serve``'s one front end)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and comm == "duplex-fe-0":
+            return int(stat.parent.name)
+    raise RuntimeError(f"serve (pid {parent}) has no front end named duplex-fe-0")
+
+
 def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, float]:
     out: dict[str, float] = {}
     cpu: dict[int, tuple[float, int]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-append-") as tmp:
-        proc, port = start_server(Path(tmp), "--max-sessions", "2", *UNLIMITED, profile=profile)
+        proc, port, fe = start_server(Path(tmp), "--max-sessions", "2", *UNLIMITED, profile=profile)
         try:
             client = Client(port)
             client.wait_for(b"session.updated")
@@ -186,14 +217,14 @@ def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, f
                 batch = frame(append_text(samples).encode()) * per_send
                 sent = count // per_send * per_send
                 frames = sent * samples // 1920
-                t0, p0, w0 = thread_cpu_s(proc.pid), process_cpu_s(proc.pid), time.perf_counter()
+                t0, p0, w0 = thread_cpu_s(fe), process_cpu_s(fe), time.perf_counter()
                 for _ in range(count // per_send):
                     client.send(batch)
                 client.send(heartbeat)
                 client.wait_for(b"heartbeat_ack")
                 if frames:
                     client.wait_for(b"output_audio.delta", count=frames - client.deltas)
-                t1, p1, w1 = thread_cpu_s(proc.pid), process_cpu_s(proc.pid), time.perf_counter()
+                t1, p1, w1 = thread_cpu_s(fe), process_cpu_s(fe), time.perf_counter()
                 client.deltas = 0
                 if label != "warm-up":
                     out[f"server {label}: event-loop CPU us/append"] = 1e6 * (t1 - t0) / sent
@@ -206,19 +237,19 @@ def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, f
             )
             # Held to a rate (the storm as the message budget admits it, 200/s, and 400/s: 20
             # sessions' 20 ms chunks): CPU above the idle session's, per append.
-            t0, w0 = thread_cpu_s(proc.pid), time.perf_counter()
+            t0, w0 = thread_cpu_s(fe), time.perf_counter()
             time.sleep(2.0)
-            idle_per_s = (thread_cpu_s(proc.pid) - t0) / (time.perf_counter() - w0)
+            idle_per_s = (thread_cpu_s(fe) - t0) / (time.perf_counter() - w0)
             one = frame(append_text(1).encode())
             for rate in (200, 400):
                 per_tick, seconds = rate // 100, 4.0
-                t0, w0 = thread_cpu_s(proc.pid), time.perf_counter()
+                t0, w0 = thread_cpu_s(fe), time.perf_counter()
                 for k in range(int(seconds * 100)):
                     client.send(one * per_tick)
                     time.sleep(max(0.0, w0 + (k + 1) * 0.01 - time.perf_counter()))
                 client.send(heartbeat)
                 client.wait_for(b"heartbeat_ack")
-                spent = thread_cpu_s(proc.pid) - t0 - idle_per_s * (time.perf_counter() - w0)
+                spent = thread_cpu_s(fe) - t0 - idle_per_s * (time.perf_counter() - w0)
                 out[f"server 1 sample paced at {rate}/s: event-loop CPU us/append above idle"] = (
                     1e6 * spent / (seconds * rate)
                 )
@@ -226,12 +257,12 @@ def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, f
             client = Client(port)
             client.wait_for(b"session.updated")
             updates = 20
-            t0, w0 = thread_cpu_s(proc.pid), time.perf_counter()
+            t0, w0 = thread_cpu_s(fe), time.perf_counter()
             for i in range(updates):
                 client.send(frame(update_text(i).encode()))
             client.send(heartbeat)
             client.wait_for(b"heartbeat_ack")
-            t1, w1 = thread_cpu_s(proc.pid), time.perf_counter()
+            t1, w1 = thread_cpu_s(fe), time.perf_counter()
             out["server 200 KB session.update: event-loop CPU ms/update"] = 1e3 * (t1 - t0) / updates
             out["server 200 KB session.update: wall ms/update"] = 1e3 * (w1 - w0) / updates
             client.close()
@@ -239,7 +270,7 @@ def server_arm(n: int, profile: Path | None = None, top: int = 0) -> dict[str, f
             proc.terminate()
             proc.wait(30)
     if profile is not None:
-        print_layers(pstats.Stats(str(profile)), "the server's event loop (cProfile, whole run)", top)
+        print_layers(pstats.Stats(f"{profile}.0"), "the front end's event loop (cProfile, whole run)", top)
     return out
 
 

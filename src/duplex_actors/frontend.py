@@ -6,16 +6,22 @@ engine core's address. ``python -m duplex_actors.frontend`` is that process; wha
 in ``DUPLEX_FRONTEND`` (a :class:`FrontEndSpec`, pickled, base64). Signals come from the
 supervisor: SIGTERM drains (every session ``session.closing`` + 1012, logs finished, exit 0),
 SIGUSR1 stops taking new sessions, SIGUSR2 takes them again.
+
+``DUPLEX_FRONTEND_PROFILE=PATH`` (a tool for measuring the per-frame path, as
+``bench/append_path.py --profile-server`` uses it): each front end runs under cProfile and writes
+its statistics to ``PATH.I`` (I: its index) when it exits.
 """
 
 from __future__ import annotations
 
 import base64
+import cProfile
 import logging
 import os
 import pickle
 import signal
 import sys
+from typing import NoReturn
 
 import attrs
 import trio
@@ -25,6 +31,7 @@ from .heap import freeze_heap
 from .procname import set_process_name
 
 SPEC_ENV = "DUPLEX_FRONTEND"
+PROFILE_ENV = "DUPLEX_FRONTEND_PROFILE"
 log = logging.getLogger("duplex_actors.frontend")
 PARENT_CHECK_S = 0.5
 PARENT_GONE_GRACE_S = 5.0  # beyond the drain: time for the link to report the core's loss
@@ -66,7 +73,7 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
     holder = app.holder
     holder.frontend = (spec.index, spec.count)
     # The model cannot be served: serve says so in one line and exits; this front end just ends.
-    holder.on_fatal = lambda line: os._exit(2)
+    holder.on_fatal = lambda line: _exit(2)
     stop = trio.Event()
     name = f"front end {spec.index}"
 
@@ -98,7 +105,7 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         await trio.sleep(hyper.graceful_timeout)
         print(f"duplex-actors: {name}: drained; a stuck connection remains, exiting anyway", flush=True)
         sys.stdout.flush()
-        os._exit(0)
+        _exit(0)
 
     async def on_core_lost() -> None:
         # The engine core runs in the supervisor's process: it is gone too, and nothing
@@ -107,7 +114,7 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         print(f"duplex-actors: {name}: the engine core is gone, exiting", flush=True)
         await holder.drain(spec.drain_timeout_s)
         sys.stdout.flush()
-        os._exit(1)
+        _exit(1)
 
     async def watch_parent() -> None:
         # serve is the engine core: without it nothing is served, and nothing restarts us.
@@ -118,7 +125,7 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         # the connections with their 1011 before exiting; exiting first would cut them (1006).
         # This exit is for a link that never reports it.
         await trio.sleep(spec.drain_timeout_s + PARENT_GONE_GRACE_S)
-        os._exit(1)
+        _exit(1)
 
     async def freeze_serving_heap() -> None:
         await holder.serving.wait()
@@ -134,13 +141,38 @@ async def serve_frontend(spec: FrontEndSpec) -> None:
         nursery.cancel_scope.cancel()
 
 
+_profile: tuple[cProfile.Profile, str] | None = None  # DUPLEX_FRONTEND_PROFILE's, once enabled
+
+
+def _dump_profile() -> None:
+    global _profile
+    if _profile is not None:
+        profiler, path = _profile
+        _profile = None
+        profiler.disable()
+        profiler.dump_stats(path)
+
+
+def _exit(code: int) -> NoReturn:
+    _dump_profile()
+    os._exit(code)
+
+
 def main() -> None:
+    global _profile
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec: FrontEndSpec = pickle.loads(base64.b64decode(os.environ[SPEC_ENV]))
     set_process_name(f"duplex-fe-{spec.index}")
     # The front end's loop takes the GIL back after each sleep of the codec or log threads.
     sys.setswitchinterval(spec.switch_interval_ms / 1000)
-    trio.run(serve_frontend, spec)
+    profile_path = os.environ.get(PROFILE_ENV)
+    if profile_path:
+        _profile = (cProfile.Profile(), f"{profile_path}.{spec.index}")
+        _profile[0].enable()
+    try:
+        trio.run(serve_frontend, spec)
+    finally:
+        _dump_profile()
 
 
 if __name__ == "__main__":
