@@ -289,3 +289,10 @@ def test_a_ui_dir_needs_its_index(tmp_path: Path) -> None:
 
 def test_as_env_names_every_setting() -> None:
     assert set(as_env(ServeOptions())) == {spec.env for _, spec in settings_of(ServeOptions)}
+
+
+def test_the_log_commit_linger_default_is_the_writers() -> None:
+    from duplex_actors.config import DEFAULT_LOG_COMMIT_LINGER_S
+    from duplex_actors.log.writer import COMMIT_LINGER_S
+
+    assert ServerConfig().log_commit_linger_s == DEFAULT_LOG_COMMIT_LINGER_S == COMMIT_LINGER_S

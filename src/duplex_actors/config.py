@@ -16,7 +16,6 @@ from pathlib import Path
 
 import attrs
 
-from .log.writer import COMMIT_LINGER_S
 from .model.engine import CONTEXT_POLICIES, DEFAULT_CONTEXT_POLICY
 from .model.memory import DTYPES, parse_size
 from .model.voices import parse_voice_alias
@@ -95,6 +94,7 @@ RESUME_GRACE: Kind[float] = Kind(
 )
 
 MAX_LOG_COMMIT_LINGER_S = 1.0
+DEFAULT_LOG_COMMIT_LINGER_S = 0.2  # log/writer.py's COMMIT_LINGER_S (a sibling layer: not imported)
 LOG_COMMIT_LINGER: Kind[float] = Kind(
     f"a number of seconds in 0..{MAX_LOG_COMMIT_LINGER_S:g}",
     float,
@@ -217,7 +217,7 @@ class ServerConfig:
         "this often; admissions resume once a probe works (section 6)",
     )
     log_commit_linger_s: float = setting(
-        COMMIT_LINGER_S,
+        DEFAULT_LOG_COMMIT_LINGER_S,
         LOG_COMMIT_LINGER,
         env="DUPLEX_LOG_COMMIT_LINGER",
         flag="--log-commit-linger",
