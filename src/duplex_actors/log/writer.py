@@ -254,10 +254,10 @@ class _FileJob:
     fsync_s: float | None = None
 
 
-# A session's frames cost one fdatasync per file per commit, and the kernel's time in fdatasync is
-# the front end's CPU too: at 10 ms (two or three commits per tick) it was a fifth of a front
-# end's CPU per session-frame, at 0.2 s it is a few percent (BENCHMARKS.md, "Front-end ceiling").
-# What a crash can lose is records nobody waited for: nothing acknowledged ever lingers.
+# A commit fdatasyncs every file in it, and the kernel's time in fdatasync is the front end's CPU
+# too: commits linger long enough for a session's frames over several ticks to share one
+# (BENCHMARKS.md, "Front-end ceiling"). What a crash can lose is records nobody waited for:
+# nothing acknowledged ever lingers.
 COMMIT_LINGER_S: Final = 0.2
 
 
