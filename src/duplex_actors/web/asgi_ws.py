@@ -140,9 +140,6 @@ class AsgiWebSocket:
         teaches hypercorn the ``SEND_MANY`` message; a server without it gets them one by one)."""
         if not self.accepted:
             await self.accept()
-        if len(messages) == 1:
-            await self.send(messages[0])
-            return
         await self._send({"type": SEND_MANY, "messages": messages})
 
     async def close(self, code: int, reason: str = "") -> None:

@@ -21,6 +21,11 @@
   dropped, a disconnect for an app whose queue is full cancels it. A message is queued without
   a scheduler round when the queue has room, and a disconnect ends the raw WebSocket path's
   handler at once (its hook in the scope, ``web/asgi_ws.py``).
+- A streaming client costs little per message: a read waits for the socket then reads once,
+  the whole data frames it starts with go to the app without hypercorn's and wsproto's layers
+  (``web/ws_frames.py``; anything else, from the first byte that is not such a frame, takes
+  their path), and the app's messages of a tick are framed and written in one write, without
+  the send lock and its scheduler round while no other send holds it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import contextvars
 import fcntl
 import logging
 import math
+import os
 import resource
 import socket
 import sys
@@ -39,8 +45,8 @@ from typing import Any
 
 import attrs
 import h11
-import numpy as np
 import trio
+import wsproto.connection
 import wsproto.utilities
 from hypercorn.config import Config, Sockets
 from hypercorn.events import Closed, RawData
@@ -52,6 +58,7 @@ from wsproto import frame_protocol
 from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
 from .asgi_ws import CLIENT_CLOSE_CODE_SCOPE, DISCONNECT_HOOK_SCOPE, SEND_MANY
+from .ws_frames import leading_messages, server_frame, unmask
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +118,7 @@ def _unmask(self: Any, data: bytearray) -> bytearray:
     n = len(data)
     if n < NUMPY_UNMASK_FROM:
         return WSPROTO_UNMASK(self, data)
-    key = bytes(self._masking_key)
-    out = bytearray(data)
-    whole = n - n % 4
-    words = np.frombuffer(out, dtype=np.uint32, count=whole // 4)
-    words ^= np.frombuffer(key, dtype=np.uint32)[0]
-    for i in range(whole, n):
-        out[i] ^= key[i - whole]
+    out = bytearray(unmask(bytes(data), bytes(self._masking_key)))
     rotation = n % 4
     self._masking_key = self._masking_key[rotation:] + self._masking_key[:rotation]
     return out
@@ -135,24 +136,76 @@ _original_app_send = ws_stream.WSStream.app_send
 
 
 async def _app_send_many(self: Any, message: Any) -> None:
-    """hypercorn's ``app_send``, and :data:`~.asgi_ws.SEND_MANY`: each message framed by
-    wsproto as hypercorn frames one, then one write for all (hypercorn's path takes its send
-    lock and a cancel scope per message: a tick's events cost one of each instead)."""
+    """hypercorn's ``app_send``, and :data:`~.asgi_ws.SEND_MANY`: each message framed as
+    wsproto frames it for hypercorn (web/ws_frames.py while the connection is open), then one
+    write for all, at once when the socket takes it (:func:`_write_now`), else through
+    hypercorn's send lock."""
     if message is None or message.get("type") != SEND_MANY:
         await _original_app_send(self, message)
         return
     if self.closed or self.state != ws_stream.ASGIWebsocketState.CONNECTED:
         return  # hypercorn drops a send after the close too
-    chunks = []
-    for item in message["messages"]:
-        event = (
-            BytesMessage(data=bytes(item)) if isinstance(item, bytes | bytearray) else TextMessage(data=item)
-        )
-        try:
-            chunks.append(self.connection.send(event))
-        except wsproto.utilities.LocalProtocolError:
-            return  # the connection is closing: as hypercorn's _send_wsproto_event
-    await self.send(Data(stream_id=self.stream_id, data=b"".join(chunks)))
+    wsp = self.connection
+    frames = getattr(wsp, "_proto", None)
+    if getattr(wsp, "_state", None) is wsproto.connection.ConnectionState.OPEN and (
+        getattr(frames, "_outbound_opcode", True) is None
+    ):
+        # Open, no fragmented message of its own in progress: whole frames as wsproto builds them.
+        data = b"".join([server_frame(item) for item in message["messages"]])
+    else:
+        chunks = []
+        for item in message["messages"]:
+            event = (
+                BytesMessage(data=bytes(item))
+                if isinstance(item, bytes | bytearray)
+                else TextMessage(data=item)
+            )
+            try:
+                chunks.append(wsp.send(event))
+            except wsproto.utilities.LocalProtocolError:
+                return  # the connection is closing: as hypercorn's _send_wsproto_event
+        data = b"".join(chunks)
+    written = _write_now(_tcp_server_of(self), data)
+    if written < len(data):
+        await self.send(Data(stream_id=self.stream_id, data=data[written:] if written else data))
+
+
+def _tcp_server_of(stream: Any) -> Any:
+    """The hypercorn ``TCPServer`` under a WebSocket stream (its ``send`` is the HTTP/1.1
+    protocol's ``stream_send``, whose ``send`` is the server's ``protocol_send``), or None."""
+    tcp = getattr(stream, "_duplex_tcp", False)
+    if tcp is False:
+        tcp = getattr(getattr(getattr(stream.send, "__self__", None), "send", None), "__self__", None)
+        if not isinstance(tcp, tcp_server.TCPServer):
+            tcp = None
+        stream._duplex_tcp = tcp
+    return tcp
+
+
+def _plain_socket(tcp: Any) -> Any:
+    """The trio socket of a connection without TLS, or None."""
+    stream = getattr(tcp, "stream", None)
+    return stream.socket if type(stream) is trio.SocketStream else None
+
+
+def _write_now(tcp: Any, data: bytes) -> int:
+    """The bytes of ``data`` that the kernel took at once, written without a checkpoint when no
+    send holds the connection's send lock (hypercorn's path takes the lock, a cancel scope and a
+    scheduler round per write: a tick's message costs none of them); 0 when the caller must take
+    that path (TLS, a send in progress, our FIN sent, a full socket buffer, an error: the locked
+    path meets the error again and handles it as hypercorn does)."""
+    if tcp is None or tcp.send_lock.locked():
+        return 0
+    sock = _plain_socket(tcp)
+    if sock is None or sock.did_shutdown_SHUT_WR:
+        return 0
+    fd = sock.fileno()
+    if fd < 0:
+        return 0
+    try:
+        return os.write(fd, data)
+    except OSError:
+        return 0
 
 
 def send_many_in_one_write() -> None:
@@ -291,6 +344,7 @@ async def _read_data(self: Any) -> None:
     self._duplex_reader_done = trio.Event()
     self._duplex_linger = trio.CancelScope()
     body_since: float | None = None
+    sock = _plain_socket(self)
     try:
         with self._duplex_linger:
             while True:
@@ -303,7 +357,20 @@ async def _read_data(self: Any) -> None:
                     body_since = None
                 timer: trio.CancelScope | None = None
                 try:
-                    if deadline == math.inf:  # no deadline (a WebSocket's frames): no scope per read
+                    if deadline == math.inf and sock is not None:
+                        # A WebSocket's frames: no scope per read, and a wait then one read
+                        # (trio's receive_some reads first, fails when the frame has not come,
+                        # and takes a scheduler round after a read that succeeds).
+                        if sock.fileno() < 0:  # closed by another task (trio would say so)
+                            break
+                        await trio.lowlevel.wait_readable(sock)
+                        try:
+                            data = os.read(sock.fileno(), tcp_server.MAX_RECV)
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            break
+                    elif deadline == math.inf:
                         data = await self.stream.receive_some(tcp_server.MAX_RECV)
                     else:
                         with trio.move_on_at(deadline) as timer:
@@ -318,12 +385,61 @@ async def _read_data(self: Any) -> None:
                         )
                         _dropped("body_timeout")
                     break
+                if data and (ws := _open_websocket(self)) is not None:
+                    data = await _deliver_leading_messages(ws, bytes(data))
+                    if not data:
+                        continue
                 await self.protocol.handle(RawData(bytes(data)))
                 if data == b"":
                     break
         await self.protocol.handle(Closed())
     finally:
         self._duplex_reader_done.set()
+
+
+def _open_websocket(tcp: Any) -> Any:
+    """The connection's WebSocket stream when a read may bypass hypercorn and wsproto for its
+    leading data frames (web/ws_frames.py): open both ways, and nothing of an earlier read
+    pending anywhere (a partial frame, a fragmented message, queued events); else None."""
+    protocol = getattr(getattr(tcp, "protocol", None), "protocol", None)
+    if type(protocol) is not H11Protocol:
+        return None
+    connection = protocol.connection
+    if type(connection) is not H11WSConnection or connection.buffer:
+        return None
+    ws = protocol.stream
+    if (
+        type(ws) is not ws_stream.WSStream
+        or ws.closed
+        or ws.state != ws_stream.ASGIWebsocketState.CONNECTED
+        or ws.buffer.value is not None
+    ):
+        return None
+    wsp = ws.connection
+    frames = getattr(wsp, "_proto", None)
+    decoder = getattr(frames, "_frame_decoder", None)
+    if (
+        getattr(wsp, "_state", None) is not wsproto.connection.ConnectionState.OPEN
+        or getattr(wsp, "_events", True)
+        or decoder is None
+        or decoder.header is not None
+        or len(decoder.buffer)
+        or getattr(getattr(frames, "_message_decoder", None), "opcode", True) is not None
+    ):
+        return None
+    return ws
+
+
+async def _deliver_leading_messages(ws: Any, data: bytes) -> bytes:
+    """Hand the app the messages of the whole data frames that ``data`` starts with, as
+    hypercorn would; returns the rest, for hypercorn."""
+    messages, used = leading_messages(data, ws.buffer.max_length)
+    for message in messages:
+        if type(message) is str:
+            await ws.app_put({"type": "websocket.receive", "bytes": None, "text": message})
+        else:
+            await ws.app_put({"type": "websocket.receive", "bytes": message, "text": None})
+    return data[used:] if used else data
 
 
 async def _send_eof(self: Any) -> None:

@@ -1,0 +1,102 @@
+"""The common case of WebSocket traffic, framed and parsed without wsproto's general machinery (sans-io).
+
+A client streaming audio sends whole, unfragmented, masked text or binary frames; a read from
+the socket holds one or a few of them. :func:`leading_messages` decodes the complete frames of
+that kind at the start of a read and says how many bytes they took. Whatever follows (a control
+frame, a fragment, a frame not yet complete, anything wsproto would refuse) is left to wsproto,
+which then starts on a frame boundary: the result is what wsproto would deliver for those
+bytes, message for message. :func:`server_frame` frames a message as wsproto frames it for a
+server (tests/web/test_ws_frames.py holds both side by side with wsproto).
+
+RFC 6455 section 5.2: byte 0 is FIN, three RSV bits and the opcode (0x81: a final text
+frame, 0x82: a final binary one; no extension is negotiated, so RSV is 0); byte 1 is the MASK
+bit and a 7-bit length, where 126 and 127 announce a 16- and a 64-bit length in the minimal
+encoding; then the 4-byte masking key and the payload.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FINAL_TEXT = 0x81
+FINAL_BINARY = 0x82
+MASKED = 0x80
+LENGTH_16 = 126
+LENGTH_64 = 127
+NUMPY_UNMASK_FROM = 64  # shorter payloads: bytes-wise is cheaper than the arrays
+
+
+def unmask(payload: bytes, key: bytes) -> bytes:
+    """``payload`` XOR the repeated 4-byte ``key``."""
+    n = len(payload)
+    if n < NUMPY_UNMASK_FROM:
+        return bytes(b ^ key[i & 3] for i, b in enumerate(payload))
+    whole = n - n % 4
+    out = np.frombuffer(payload, dtype=np.uint8).copy()
+    words = out[:whole].view(np.uint32)
+    words ^= np.frombuffer(key, dtype=np.uint32)[0]
+    for i in range(whole, n):
+        out[i] ^= key[i - whole]
+    return out.tobytes()
+
+
+def leading_messages(data: bytes, max_payload: int) -> tuple[list[str | bytes], int]:
+    """The messages of the whole, final, masked text or binary frames at the start of ``data``
+    (none longer than ``max_payload``; text valid UTF-8), and the bytes they took."""
+    messages: list[str | bytes] = []
+    pos, n = 0, len(data)
+    while n - pos >= 6:
+        first, second = data[pos], data[pos + 1]
+        if (first != FINAL_TEXT and first != FINAL_BINARY) or not second & MASKED:
+            break
+        length = second & 0x7F
+        head = pos + 2
+        if length == LENGTH_16:
+            if n - head < 2:
+                break
+            length = int.from_bytes(data[head : head + 2], "big")
+            if length < LENGTH_16:
+                break  # not minimal: wsproto refuses it
+            head += 2
+        elif length == LENGTH_64:
+            if n - head < 8:
+                break
+            length = int.from_bytes(data[head : head + 8], "big")
+            if length <= 0xFFFF:
+                break
+            head += 8
+        if length > max_payload:
+            break
+        start = head + 4
+        end = start + length
+        if end > n:
+            break
+        payload = unmask(data[start:end], data[head:start])
+        if first == FINAL_TEXT:
+            try:
+                messages.append(payload.decode("utf-8"))
+            except UnicodeDecodeError:
+                break
+        else:
+            messages.append(payload)
+        pos = end
+    return messages, pos
+
+
+def server_frame(message: str | bytes) -> bytes:
+    """``message`` as one final, unmasked frame (a server's): text for str, binary for bytes."""
+    if isinstance(message, str):
+        first, payload = FINAL_TEXT, message.encode("utf-8")
+    else:
+        first, payload = FINAL_BINARY, bytes(message)
+    n = len(payload)
+    if n < LENGTH_16:
+        head = bytes((first, n))
+    elif n <= 0xFFFF:
+        head = bytes((first, LENGTH_16)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((first, LENGTH_64)) + n.to_bytes(8, "big")
+    return head + payload
+
+
+__all__ = ["leading_messages", "server_frame", "unmask"]
