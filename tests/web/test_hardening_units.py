@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from duplex_actors.model.moshi_engine import MoshiEngine
 from duplex_actors.server import open_duplex_server
 from duplex_actors.session import events as ev
 from duplex_actors.web import dialects
-from duplex_actors.web.hardening import TCP_USER_TIMEOUT_MS, HardenedConfig
+from duplex_actors.web.hardening import TCP_USER_TIMEOUT_MS, HardenedConfig, _write_now
 
 
 def test_listening_sockets_carry_tcp_user_timeout():
@@ -366,3 +367,33 @@ def test_the_numpy_unmasking_is_wsprotos(key: bytes, chunks: list[bytes]) -> Non
     for chunk in chunks:
         assert _unmask(ours, bytearray(chunk)) == WSPROTO_UNMASK(theirs, bytearray(chunk))
         assert ours._masking_key == theirs._masking_key
+
+
+async def test_a_write_at_once_takes_what_the_socket_takes_and_leaves_the_rest_to_the_lock():
+    """``_write_now``: all of it when the socket has room; none while another send holds the
+    lock, once the buffer is full, after our FIN, or on a closed socket (the locked path takes
+    those, and meets their errors); the part the kernel took when it takes only part."""
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    stream = trio.SocketStream(a)
+    tcp = SimpleNamespace(stream=stream, send_lock=trio.Lock())
+    try:
+        assert _write_now(tcp, b"tick") == 4
+        assert await b.recv(16) == b"tick"
+        async with tcp.send_lock:
+            assert _write_now(tcp, b"held") == 0
+        big = b"x" * (4 << 20)
+        taken = _write_now(tcp, big)
+        assert 0 < taken < len(big)
+        assert _write_now(tcp, big) == 0  # full: EAGAIN
+        received = 0
+        while received < taken:
+            received += len(await b.recv(1 << 20))
+        assert received == taken
+        await stream.send_eof()
+        assert _write_now(tcp, b"late") == 0
+        await stream.aclose()
+        assert _write_now(tcp, b"closed") == 0
+    finally:
+        await stream.aclose()
+        b.close()
