@@ -356,7 +356,11 @@ async def test_an_answered_http_peer_with_nothing_waiting_is_closed_at_once():
     assert freed_after < 1.0, freed_after
 
 
-@given(key=st.binary(min_size=4, max_size=4), chunks=st.lists(st.binary(max_size=1100), max_size=6))
+@given(
+    key=st.binary(min_size=4, max_size=4),
+    # Both of ws_frames.unmask's ways: Python ints below NUMPY_UNMASK_FROM (2048), numpy from it.
+    chunks=st.lists(st.one_of(st.binary(max_size=1100), st.binary(min_size=2040, max_size=5300)), max_size=6),
+)
 def test_the_numpy_unmasking_is_wsprotos(key: bytes, chunks: list[bytes]) -> None:
     from wsproto.frame_protocol import XorMaskerSimple
 

@@ -8,12 +8,13 @@ import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wsproto import ConnectionType
+from wsproto import ConnectionType, frame_protocol
 from wsproto.connection import Connection
 from wsproto.events import BytesMessage, CloseConnection, Event, Message, Ping, Pong, TextMessage
 from wsproto.utilities import RemoteProtocolError
 
-from duplex_actors.web.ws_frames import leading_messages, server_frame, unmask
+from duplex_actors.web.hardening import WSPROTO_UNMASK
+from duplex_actors.web.ws_frames import leading_messages, server_frame
 
 MAX_PAYLOAD = 70_000
 
@@ -37,20 +38,26 @@ def frame(
         head += bytes([mask_bit | 126]) + struct.pack("!H", n)
     else:
         head += bytes([mask_bit | 127]) + struct.pack("!Q", n)
-    return head + (key + unmask(payload, key) if masked else payload)
+    return head + (key + bytes(b ^ key[i % 4] for i, b in enumerate(payload)) if masked else payload)
 
 
 def wsproto_events(data: bytes) -> list[tuple[object, ...]]:
-    """What a wsproto server connection makes of ``data`` (its error, if any, last)."""
-    connection = Connection(ConnectionType.SERVER)
-    connection.receive_data(data)
-    out: list[tuple[object, ...]] = []
+    """What a wsproto server connection makes of ``data`` (its error, if any, last), with
+    wsproto's own unmasking (the app installs ours in the process: hardening.unmask_with_numpy)."""
+    installed = frame_protocol.XorMaskerSimple.process
+    frame_protocol.XorMaskerSimple.process = WSPROTO_UNMASK  # type: ignore[method-assign]
     try:
-        for event in connection.events():
-            out.append(describe(event))
-    except RemoteProtocolError as exc:
-        out.append(("error", str(exc)))
-    return out
+        connection = Connection(ConnectionType.SERVER)
+        connection.receive_data(data)
+        out: list[tuple[object, ...]] = []
+        try:
+            for event in connection.events():
+                out.append(describe(event))
+        except RemoteProtocolError as exc:
+            out.append(("error", str(exc)))
+        return out
+    finally:
+        frame_protocol.XorMaskerSimple.process = installed  # type: ignore[method-assign]
 
 
 def describe(event: Event) -> tuple[object, ...]:

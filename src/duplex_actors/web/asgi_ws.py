@@ -136,8 +136,8 @@ class AsgiWebSocket:
             await self._send({"type": "websocket.send", "bytes": data, "text": None})
 
     async def send_many(self, messages: list[str | bytes]) -> None:
-        """Several messages in one write to the socket (``hardening.send_many_in_one_write``
-        teaches hypercorn the ``SEND_MANY`` message; a server without it gets them one by one)."""
+        """Several messages (or one) in one write to the socket: the ``SEND_MANY`` message,
+        which ``hardening.send_many_in_one_write`` teaches hypercorn (the app installs it)."""
         if not self.accepted:
             await self.accept()
         await self._send({"type": SEND_MANY, "messages": messages})

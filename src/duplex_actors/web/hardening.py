@@ -55,7 +55,7 @@ from hypercorn.protocol.events import Data, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
 from hypercorn.trio import task_group, tcp_server
 from wsproto import frame_protocol
-from wsproto.events import BytesMessage, CloseConnection, TextMessage
+from wsproto.events import CloseConnection
 
 from .asgi_ws import CLIENT_CLOSE_CODE_SCOPE, DISCONNECT_HOOK_SCOPE, SEND_MANY
 from .ws_frames import leading_messages, server_frame, unmask
@@ -112,19 +112,16 @@ WSPROTO_UNMASK = frame_protocol.XorMaskerSimple.process  # wsproto's own, before
 
 
 def _unmask(self: Any, data: bytearray) -> bytearray:
-    """wsproto's ``XorMaskerSimple.process`` (same result, same key rotation), a word at a time
-    with numpy for payloads of :data:`NUMPY_UNMASK_FROM` bytes and more: every client frame is
-    masked, and an 80 ms audio append is several KB."""
+    """wsproto's ``XorMaskerSimple.process`` (same result, same key rotation) by
+    :func:`~.ws_frames.unmask`, a word at a time: every client frame is masked, and an 80 ms
+    audio append is several KB."""
     n = len(data)
-    if n < NUMPY_UNMASK_FROM:
-        return WSPROTO_UNMASK(self, data)
+    if not n:
+        return bytearray()
     out = bytearray(unmask(bytes(data), bytes(self._masking_key)))
     rotation = n % 4
     self._masking_key = self._masking_key[rotation:] + self._masking_key[:rotation]
     return out
-
-
-NUMPY_UNMASK_FROM = 256
 
 
 def unmask_with_numpy() -> None:
@@ -137,34 +134,17 @@ _original_app_send = ws_stream.WSStream.app_send
 
 async def _app_send_many(self: Any, message: Any) -> None:
     """hypercorn's ``app_send``, and :data:`~.asgi_ws.SEND_MANY`: each message framed as
-    wsproto frames it for hypercorn (web/ws_frames.py while the connection is open), then one
-    write for all, at once when the socket takes it (:func:`_write_now`), else through
-    hypercorn's send lock."""
+    wsproto frames it for hypercorn (web/ws_frames.py), then one write for all, at once when
+    the socket takes it (:func:`_write_now`), else through hypercorn's send lock."""
     if message is None or message.get("type") != SEND_MANY:
         await _original_app_send(self, message)
         return
     if self.closed or self.state != ws_stream.ASGIWebsocketState.CONNECTED:
         return  # hypercorn drops a send after the close too
-    wsp = self.connection
-    frames = getattr(wsp, "_proto", None)
-    if getattr(wsp, "_state", None) is wsproto.connection.ConnectionState.OPEN and (
-        getattr(frames, "_outbound_opcode", True) is None
-    ):
-        # Open, no fragmented message of its own in progress: whole frames as wsproto builds them.
-        data = b"".join([server_frame(item) for item in message["messages"]])
-    else:
-        chunks = []
-        for item in message["messages"]:
-            event = (
-                BytesMessage(data=bytes(item))
-                if isinstance(item, bytes | bytearray)
-                else TextMessage(data=item)
-            )
-            try:
-                chunks.append(wsp.send(event))
-            except wsproto.utilities.LocalProtocolError:
-                return  # the connection is closing: as hypercorn's _send_wsproto_event
-        data = b"".join(chunks)
+    if self.connection.state is not wsproto.connection.ConnectionState.OPEN:
+        return  # closing: wsproto refuses a message, and hypercorn's _send_wsproto_event drops it
+    # Whole frames, as wsproto frames a message for hypercorn (which never fragments one).
+    data = b"".join([server_frame(item) for item in message["messages"]])
     written = _write_now(_tcp_server_of(self), data)
     if written < len(data):
         await self.send(Data(stream_id=self.stream_id, data=data[written:] if written else data))
@@ -419,7 +399,7 @@ def _open_websocket(tcp: Any) -> Any:
     frames = getattr(wsp, "_proto", None)
     decoder = getattr(frames, "_frame_decoder", None)
     if (
-        getattr(wsp, "_state", None) is not wsproto.connection.ConnectionState.OPEN
+        wsp.state is not wsproto.connection.ConnectionState.OPEN
         or getattr(wsp, "_events", True)
         or decoder is None
         or decoder.header is not None
