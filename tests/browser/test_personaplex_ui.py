@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import re
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,11 +39,28 @@ STREAM_S = 6.0  # of conversation after the handshake
 
 def ui_dir() -> Path | None:
     """The built UI: ``$DUPLEX_PERSONAPLEX_UI``, else ``shared/clients/personaplex-web`` beside or
-    above the checkout (``/work/shared`` for worktrees)."""
+    above the checkout (``/work/shared`` for worktrees), or beside or above the local repository
+    it was cloned from (a fresh clone in a temporary directory)."""
     env = os.environ.get("DUPLEX_PERSONAPLEX_UI")
     candidates = [Path(env)] if env else []
-    candidates += [p / "shared" / "clients" / "personaplex-web" for p in (ROOT, *ROOT.parents)]
+    for base in (ROOT, *_local_origin()):
+        candidates += [p / "shared" / "clients" / "personaplex-web" for p in (base, *base.parents)]
     return next((p for p in candidates if (p / "index.html").is_file()), None)
+
+
+def _local_origin() -> list[Path]:
+    """The directory of the checkout's ``origin`` remote when it is a local path, else nothing."""
+    try:
+        url = subprocess.run(
+            ["git", "-C", str(ROOT), "remote", "get-url", "origin"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    origin = Path(url.removeprefix("file://"))
+    return [origin] if origin.is_absolute() and origin.is_dir() else []
 
 
 @pytest.fixture(scope="module")
