@@ -82,7 +82,7 @@ from .server import DuplexServer, SlotReservation, front_end_session_ids, open_l
 from .session.resume_token import fingerprint
 from .web import auth
 from .web.api_chat import PREPARE_TIMEOUT_S, ApiChatConnection, ApiChatDialect
-from .web.asgi_ws import HttpReply, RenderedReply, serve_websocket
+from .web.asgi_ws import AsgiWebSocket, HttpReply, RenderedReply, serve_websocket
 from .web.budget import RateLimits
 from .web.connection import Connection, Transport, capabilities
 from .web.dialects import (
@@ -717,8 +717,16 @@ async def _run_connection(
     # where the session lives (docs/scaling.md: a resume is routed by it).
     session_id = ws.args.get("session_id", "") if resuming else server.new_session_id()
     await ws.accept(auth.chosen_subprotocol(ws.subprotocols), {SESSION_ID_HEADER: session_id})
+    raw = ws if isinstance(ws, AsgiWebSocket) else None  # quart's has no sends without an await
     transport = Transport(
-        ws.receive, ws.send, ws.close, ws.send_many, lambda: getattr(ws, "disconnect_code", None)
+        ws.receive,
+        ws.send,
+        ws.close,
+        ws.send_many,
+        lambda: getattr(ws, "disconnect_code", None),
+        send_now=raw.send_now if raw is not None else None,
+        flush=raw.flush if raw is not None else None,
+        receive_directly=raw.receive_directly if raw is not None else None,
     )
     rate_limits = RateLimits(
         messages_per_s=holder.config.max_messages_per_s,

@@ -299,6 +299,11 @@ class SessionHandle:
         """The session's events, ending after ``SessionClosed``."""
         return self._events
 
+    def emit_directly(self, writer: Callable[[list[ev.SessionEvent]], bool] | None) -> None:
+        """Offer the session's events to ``writer`` first (True: it sent them at once; False:
+        they go to :meth:`events`); None stops."""
+        self._actor.emit_directly = writer
+
     async def wait_closed(self) -> None:
         await self._actor.done.wait()
 

@@ -34,6 +34,7 @@ class GatedLog:
         self.records: list[r.Record] = []
         self.durable_seq = -1
         self.failed: OSError | None = None
+        self.room = True  # whether appends are taken without a wait (the writer's queue)
         self._moved = trio.Event()
 
     def append_nowait(self, record: r.Record) -> int:
@@ -41,6 +42,9 @@ class GatedLog:
             raise LogFailed("failed") from self.failed
         self.records.append(record)
         return len(self.records) - 1
+
+    def room_for(self, records: int) -> bool:
+        return self.failed is None and self.room
 
     async def wait_durable(self, seq: int) -> None:
         while self.durable_seq < seq:
@@ -171,3 +175,115 @@ async def test_a_failed_commit_turns_the_acknowledgement_into_log_unavailable() 
     assert isinstance(got[0], ev.Error) and got[0].code == "log_unavailable"
     assert isinstance(got[1], ev.SessionClosed) and got[1].reason == "log_unavailable"
     assert not any(isinstance(e, ev.HeartbeatAck) for e in got)
+
+
+AUDIO = encode_f32(np.zeros(FRAME_SAMPLES, np.float32))
+
+
+def step(frame: int) -> r.Step:
+    return r.Step(0, frame, True, 5, "hi", (1,) * 8, (2,) * 8, bytes(2 * FRAME_SAMPLES))
+
+
+def queued(events: trio.MemoryReceiveChannel[ev.SessionEvent]) -> list[ev.SessionEvent]:
+    out = []
+    while True:
+        try:
+            out.append(events.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return out
+
+
+async def opened(nursery: trio.Nursery) -> Harness:
+    h = Harness(nursery)
+    await h.actor.send(r.Open({}))
+    await h.received()
+    h.log.commit()
+    await trio.testing.wait_all_tasks_blocked()
+    return h
+
+
+async def test_a_record_for_an_idle_actor_is_handled_in_the_task_that_brings_it() -> None:
+    """With the actor waiting on an empty inbox, an append and a step are logged, applied and
+    their effects carried out before the caller's next checkpoint: no task wakes for them."""
+    async with trio.open_nursery() as nursery:
+        h = await opened(nursery)
+        assert h.actor.send_append_nowait(r.Append(AUDIO, "pcm_f32le", "a0"))
+        assert h.scheduler.frames == [0]
+        logged = len(h.log.records)
+        assert h.log.records[-1:] == [r.Append(AUDIO, "pcm_f32le", "a0")]
+        assert h.actor.last_client_event_id == "a0"
+        await h.actor.wait_handled()  # counted as handled: nothing to wait for
+        h.actor.deliver_record_nowait(step(0))
+        assert h.log.records[logged:] == [step(0)]
+        assert ev.AudioFrame in [type(e) for e in queued(h.events)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_events_go_to_the_connection_at_once_in_one_batch_or_else_to_the_outbox() -> None:
+    async with trio.open_nursery() as nursery:
+        h = await opened(nursery)
+        batches: list[list[ev.SessionEvent]] = []
+
+        def take(events: list[ev.SessionEvent]) -> bool:
+            batches.append(list(events))
+            return True
+
+        h.actor.emit_directly = take
+        assert h.actor.send_append_nowait(r.Append(AUDIO, "pcm_f32le"))
+        h.actor.deliver_record_nowait(step(0))
+        assert len(batches) == 1 and ev.AudioFrame in [type(e) for e in batches[0]]
+        assert queued(h.events) == []
+        h.actor.emit_directly = lambda events: False
+        assert h.actor.send_append_nowait(r.Append(AUDIO, "pcm_f32le"))
+        h.actor.deliver_record_nowait(step(1))
+        assert len(batches) == 1
+        assert ev.AudioFrame in [type(e) for e in queued(h.events)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_record_queues_behind_what_the_actor_is_busy_with() -> None:
+    """A heartbeat waits for its commit: a step delivered meanwhile is queued, handled after it."""
+    async with trio.open_nursery() as nursery:
+        h = await opened(nursery)
+        assert h.actor.send_append_nowait(r.Append(AUDIO, "pcm_f32le"))
+        await h.actor.send(r.Heartbeat("hb"))
+        await trio.testing.wait_all_tasks_blocked()
+        h.actor.deliver_record_nowait(step(0))
+        assert h.log.records[-1] == r.Heartbeat("hb")
+        h.log.commit()
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.log.records[-2:] == [r.Heartbeat("hb"), step(0)]
+        kinds = [type(e) for e in queued(h.events)]
+        assert kinds.index(ev.HeartbeatAck) < kinds.index(ev.AudioFrame)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_log_without_room_sends_the_record_through_the_inbox() -> None:
+    async with trio.open_nursery() as nursery:
+        h = await opened(nursery)
+        h.log.room = False
+        records = len(h.log.records)
+        assert h.actor.send_append_nowait(r.Append(AUDIO, "pcm_f32le"))
+        assert len(h.log.records) == records and h.scheduler.frames == []
+        await trio.testing.wait_all_tasks_blocked()  # the actor's own task logs it
+        assert len(h.log.records) == records + 1 and h.scheduler.frames == [0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_error_in_the_bringers_task_ends_the_session_in_the_actors() -> None:
+    """A record handled at once that raises: the caller goes on, the actor's task raises it
+    and the session closes ``error``, its log finished."""
+
+    def broken_submit(slot: int, frame_index: int, samples: Any, padded: bool = False) -> None:
+        raise RuntimeError("scheduler bug")
+
+    with pytest.raises(ExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            h = await opened(nursery)
+            h.scheduler.submit_nowait = broken_submit  # type: ignore[method-assign]
+            assert h.actor.send_append_nowait(r.Append(AUDIO, "pcm_f32le"))
+            with trio.fail_after(5):
+                await h.actor.done.wait()
+    assert caught.group_contains(RuntimeError, match="scheduler bug")
+    assert h.actor.close_reason == "error"
+    assert isinstance(h.log.records[-2], r.Close) and h.log.records[-2].reason == "error"

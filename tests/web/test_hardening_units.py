@@ -401,3 +401,79 @@ async def test_a_write_at_once_takes_what_the_socket_takes_and_leaves_the_rest_t
     finally:
         await stream.aclose()
         b.close()
+
+
+def _open_stream(tcp: Any) -> Any:
+    """A WebSocket stream as ``send_now`` reads it: open both ways, over ``tcp``."""
+    from hypercorn.protocol import ws_stream
+    from wsproto.connection import ConnectionState
+
+    return SimpleNamespace(
+        closed=False,
+        state=ws_stream.ASGIWebsocketState.CONNECTED,
+        connection=SimpleNamespace(state=ConnectionState.OPEN),
+        _duplex_tcp=tcp,
+    )
+
+
+async def _read_exactly(sock: Any, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = await sock.recv(1 << 20)
+        assert chunk
+        data += chunk
+    return data
+
+
+async def test_a_send_without_an_await_leaves_what_the_socket_did_not_take_first_in_line():
+    """``send_now``: framed and written at once when the socket has room; nothing (and the
+    messages never made) while another send holds the lock; when the socket takes only part,
+    the rest waits and the next locked write (``_protocol_send``, the flush) sends it first;
+    the FIN goes after it too."""
+    from functools import partial
+
+    from hypercorn.events import RawData
+
+    from duplex_actors.web.asgi_ws import NOT_SENT, PENDING, SENT
+    from duplex_actors.web.hardening import _protocol_send, _send_eof, flush_unsent, send_now
+    from duplex_actors.web.ws_frames import server_frame
+
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    stream = trio.SocketStream(a)
+    tcp = SimpleNamespace(stream=stream, send_lock=trio.Lock(), protocol=None)
+    tcp.protocol_send = partial(_protocol_send, tcp)
+    ws = _open_stream(tcp)
+    try:
+        assert send_now(ws, lambda: ["tick", b"\x01\x02"]) == SENT
+        expected = server_frame("tick") + server_frame(b"\x01\x02")
+        assert await _read_exactly(b, len(expected)) == expected
+
+        def never() -> list[str | bytes]:
+            raise AssertionError("made while the lock is held")
+
+        async with tcp.send_lock:
+            assert send_now(ws, never) == NOT_SENT
+
+        big = b"x" * (4 << 20)
+        assert send_now(ws, lambda: [big]) == PENDING
+        assert tcp._duplex_unsent
+        assert send_now(ws, never) == NOT_SENT  # nothing overtakes the rest of a frame
+        assert _write_now(tcp, b"later") == 0
+        whole = server_frame(big) + b"after"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tcp.protocol_send, RawData(b"after"))
+            nursery.start_soon(flush_unsent, ws)
+            received = await _read_exactly(b, len(whole))
+        assert received == whole
+        assert not tcp._duplex_unsent
+
+        assert send_now(ws, lambda: [big]) == PENDING
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_send_eof, tcp)
+            received = await _read_exactly(b, len(server_frame(big)))
+            assert await b.recv(16) == b""  # the FIN, after the whole frame
+        assert received == server_frame(big)
+    finally:
+        await stream.aclose()
+        b.close()

@@ -166,6 +166,17 @@ class SessionLog:
         self._next_seq = seq + 1
         return seq
 
+    def room_for(self, records: int) -> bool:
+        """Whether :meth:`append_nowait` takes ``records`` more records now: the log open, and
+        room for them in the writer's queue."""
+        writer = self._writer
+        return (
+            self.failed is None
+            and not self._closing
+            and not writer._shut_down
+            and writer._queued + records <= writer._max_queued
+        )
+
     def close_nowait(self) -> None:
         """Queue the close of this log after its appended records; idempotent, never refused."""
         if self._closing:

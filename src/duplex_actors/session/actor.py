@@ -7,6 +7,13 @@ only once its record is committed, so no acknowledgement goes out ahead of its r
 submit frames and resets to the scheduler (never blocking), emit events to a bounded outbox
 (never blocking: a consumer that falls behind by ``outbox_size`` events is closed with
 ``slow_consumer``), and release the slot on close. It never awaits a socket or the model.
+
+While the actor waits on an empty inbox, a record that needs no wait (a step result, a plain
+append, with room in the log) is handled at once in the task that brings it (the link's, the
+connection's), exactly as the actor would handle it: nothing is queued ahead of it, so the order
+is the same, and no task wakes for a session-frame. What needs the actor's own task (the slot's
+release, a close, an error to raise) is handed over through the inbox (``Handover``). Events go
+to the connection's writer at once when it takes them (``emit_directly``), else to the outbox.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from ..log import records as r
 from ..log.writer import LogBackpressure
 from . import events as ev
 from .alignment import Aligner, ClientHint, Grid, ServerPad
-from .core import Emit, ReleaseSlot, ResetSlot, SessionCore, State, SubmitFrame, input_samples
+from .core import Effect, Emit, ReleaseSlot, ResetSlot, SessionCore, State, SubmitFrame, input_samples
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,10 @@ class SessionLogHandle(Protocol):
     def append_nowait(self, record: r.Record) -> int:
         """Queue a record and return its sequence number; raises ``LogBackpressure`` when the
         writer's queue is full."""
+        ...
+
+    def room_for(self, records: int) -> bool:
+        """Whether ``append_nowait`` takes that many more records now."""
         ...
 
     async def wait_durable(self, seq: int) -> None:
@@ -94,6 +105,19 @@ class Arrived:
     at: float
 
 
+@attrs.frozen(slots=True)
+class Handover:
+    """What a record handled in another task leaves to the actor's own task: the effects from
+    the slot's release on (a release awaits the scheduler), or the error that ends the session."""
+
+    effects: Sequence[Effect] = ()
+    error: BaseException | None = None
+
+
+# Records the sync path logs for one append at most: a pad or hint, then the append.
+RECORDS_PER_APPEND = 2
+
+
 class SessionActor:
     def __init__(
         self,
@@ -113,7 +137,7 @@ class SessionActor:
         self.scheduler = scheduler
         self.log = session_log
         self.outbox = outbox
-        self.inbox: Inbox[r.Record | Arrived] = Inbox(max_commands)
+        self.inbox: Inbox[r.Record | Arrived | Handover] = Inbox(max_commands)
         self.done = trio.Event()
         self.close_reason: str | None = None
         self.log_error: BaseException | None = None
@@ -135,6 +159,12 @@ class SessionActor:
         # After a resume, the frames up to this index are the client's re-sent backlog: never
         # drained (the client sent them once already; they are the conversation).
         self.undrainable_until = 0
+        # Waiting for its inbox (while the inbox is empty too, a record is handled at once in
+        # the task that brings it: the link's for a step, the connection's for an append).
+        self._parked = False
+        # The connection's writer, when it can take events at once (True: sent; False: they go
+        # to the outbox): no task wakes to send a step's audio.
+        self.emit_directly: Callable[[list[ev.SessionEvent]], bool] | None = None
 
     @property
     def session_id(self) -> str:
@@ -161,7 +191,36 @@ class SessionActor:
         if self.inbox.closed:  # stepped while the session ended: count it as dropped
             self._count_dropped_at_close(1)
             return
+        if self._can_handle_now(1):
+            try:
+                self._handle_now(record)
+            except Exception as exc:
+                self._crashed(exc)
+            self._progressed()
+            return
         self.inbox.put_result_nowait(record)
+
+    def _can_handle_now(self, records: int) -> bool:
+        """Whether a record can be handled at once in the caller's task, exactly as the actor
+        would handle it now: the actor waits for its inbox, which is empty (nothing to keep
+        order with), and the log takes ``records`` records without a wait."""
+        return (
+            self._parked
+            and not self.inbox
+            and self.log_error is None
+            and not self.core.closed
+            and self.log.room_for(records)
+        )
+
+    def _crashed(self, exc: BaseException) -> None:
+        """A record handled in another task raised: the actor's task raises it (and ends the
+        session as it does for its own errors), never the task that brought the record."""
+        log.error("session %s: handling a record failed", self.session_id, exc_info=exc)
+        self.inbox.put_result_nowait(Handover(error=exc))
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
 
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
@@ -225,6 +284,17 @@ class SessionActor:
         backlog = self.core.buffered_samples + self._queued_input
         if backlog > limits.input_budget_samples and backlog + samples <= limits.max_buffered_samples:
             return False
+        if self.inbox.closed:
+            raise trio.ClosedResourceError("the session has ended")
+        if self._can_handle_now(RECORDS_PER_APPEND):
+            self.inbox.count_handled_command()
+            try:
+                self._append_now(record, trio.current_time())
+            except Exception as exc:
+                self._crashed(exc)
+            self._commands_done = self.inbox.commands_taken
+            self._progressed()
+            return True
         if self.inbox.put_command_nowait(Arrived(record, trio.current_time())) is None:
             return False
         self._queued_input += samples
@@ -253,8 +323,19 @@ class SessionActor:
     async def run(self) -> None:
         try:
             while not self.core.closed:
-                item = await self.inbox.get()
-                if isinstance(item, Arrived):
+                if self.inbox:
+                    item = await self.inbox.get()
+                else:
+                    self._parked = True
+                    try:
+                        item = await self.inbox.get()
+                    finally:
+                        self._parked = False
+                if isinstance(item, Handover):
+                    if item.error is not None:
+                        raise item.error
+                    await self._carry_out_all(item.effects)
+                elif isinstance(item, Arrived):
                     self._queued_input -= input_samples(item.append)
                     checked = await self._align(item.append, item.at)
                     if self.core.closed:  # its pad or hint could not be logged: the session ended
@@ -329,15 +410,36 @@ class SessionActor:
         Returns what to log for it as the core's ``refusal_for`` answered (the append, or its
         ``rejected`` record), or None when it did not ask, or logged a pad or hint since (a pad
         moves the buffered count): then :meth:`_handle` asks."""
+        first, checked = self._alignment(record, arrival)
+        if first is not None:
+            await self._handle(first)
+        return checked
+
+    def _append_now(self, record: r.Append, arrival: float) -> None:
+        """:meth:`run`'s handling of an append, in the caller's task (:meth:`_can_handle_now`)."""
+        first, checked = self._alignment(record, arrival)
+        if first is not None:
+            self._handle_now(first)
+            if self.core.closed:  # its pad or hint could not be logged: the session ended
+                return
+        if checked is None:
+            self._handle_now(record)
+        else:
+            self._handle_now(checked, checked=True)
+
+    def _alignment(self, record: r.Append, arrival: float) -> tuple[r.Record | None, r.Record | None]:
+        """The aligner's answer for an append about to be logged: ``(pad or hint, None)``, to
+        handle before the append; ``(None, checked)``, what to log for the append as
+        ``refusal_for`` answered; ``(None, None)``, it did not ask."""
         tail, self._tail_before_pad = self._tail_before_pad, None
         width = FORMATS.get(record.format)
         if not record.audio or width is None or len(record.audio) % width:
-            return None  # the core refuses it (bad_event, bad_audio): it is no audio to align
+            return None, None  # the core refuses it (bad_event, bad_audio): it is no audio to align
         if self.core.state not in (State.OPEN, State.RESPONDING):
-            return None
+            return None, None
         refusal = self.core.refusal_for(record)
         if refusal is not None:
-            return refusal
+            return None, refusal
         if self._burst_floor_ms is not None:
             self.aligner.burst_floor_ms = self._burst_floor_ms()
         decision = self.aligner.before_append(
@@ -347,32 +449,65 @@ class SessionActor:
             self.core.tail_samples if tail is None else tail,
         )
         if isinstance(decision, ServerPad):
-            await self._handle(r.Pad(decision.samples, decision.reason))
-            return None
+            return r.Pad(decision.samples, decision.reason), None
         if isinstance(decision, ClientHint):
-            await self._handle(r.AlignHint(decision.pad_ms, decision.reason))
-            return None
-        return record
+            return r.AlignHint(decision.pad_ms, decision.reason), None
+        return None, record
 
     async def _handle(self, record: r.Record, *, checked: bool = False) -> None:
         """Log ``record``, then apply it (``checked``: an append's ``refusal_for`` was asked)."""
-        if isinstance(record, r.Append) and not checked:
-            # Refused audio is logged as a small ``rejected`` record, never with its audio.
-            record = self.core.refusal_for(record) or record
-        elif isinstance(record, r.Update):
-            # So is a refused update, never with its config (it may be hundreds of KB).
-            record = self.core.refusal_for_update(record) or record
+        record = self._to_log(record, checked)
         if self.log_error is None:
             try:
                 seq = await self._append(record)
                 if isinstance(record, ACKNOWLEDGED):
                     await self.log.wait_durable(seq)
             except Exception as exc:  # the log cannot be written: end the session, say why
-                self.log_error = exc
-                log.error("session %s: log unavailable: %s", self.session_id, exc)
-                self._send(ev.Error(error_codes.LOG_UNAVAILABLE, f"the session log cannot be written: {exc}"))
-                if not isinstance(record, r.Close):
-                    record = r.Close(reasons.LOG_UNAVAILABLE)
+                record = self._log_failed(record, exc)
+        await self._carry_out_all(self._apply(record))
+        if self.log_error is not None and not self.core.closed:
+            await self._handle(r.Close(reasons.LOG_UNAVAILABLE))
+
+    def _handle_now(self, record: r.Record, *, checked: bool = False) -> None:
+        """:meth:`_handle` in the caller's task, for a record that needs no wait: not an
+        acknowledged one, and room in the log (:meth:`_can_handle_now`). What needs the actor's
+        task (the slot's release, a close after a log failure) is handed over to it."""
+        record = self._to_log(record, checked)
+        assert not isinstance(record, ACKNOWLEDGED)
+        if self.log_error is None:
+            try:
+                self.log.append_nowait(record)
+            except Exception as exc:
+                record = self._log_failed(record, exc)
+        effects = self._apply(record)
+        rest = self._carry_out(effects, 0)
+        if rest is not None:
+            self.inbox.put_result_nowait(Handover(effects[rest:]))
+        elif self.log_error is not None and not self.core.closed:
+            self.inbox.put_result_nowait(r.Close(reasons.LOG_UNAVAILABLE))
+        elif self.core.closed:
+            self.inbox.put_result_nowait(Handover())  # the actor's task finishes the session
+
+    def _to_log(self, record: r.Record, checked: bool) -> r.Record:
+        """The record to log for ``record`` (``checked``: an append's ``refusal_for`` was asked)."""
+        if isinstance(record, r.Append) and not checked:
+            # Refused audio is logged as a small ``rejected`` record, never with its audio.
+            return self.core.refusal_for(record) or record
+        if isinstance(record, r.Update):
+            # So is a refused update, never with its config (it may be hundreds of KB).
+            return self.core.refusal_for_update(record) or record
+        return record
+
+    def _log_failed(self, record: r.Record, exc: Exception) -> r.Record:
+        """The log could not take ``record``: the session ends, and says why; returns the
+        record to apply instead (a close)."""
+        self.log_error = exc
+        log.error("session %s: log unavailable: %s", self.session_id, exc)
+        self._send(ev.Error(error_codes.LOG_UNAVAILABLE, f"the session log cannot be written: {exc}"))
+        return record if isinstance(record, r.Close) else r.Close(reasons.LOG_UNAVAILABLE)
+
+    def _apply(self, record: r.Record) -> list[Effect]:
+        """Apply a logged record to the core and the aligner; returns the core's effects."""
         event_id = getattr(record, "client_event_id", None)
         if event_id is not None and not isinstance(record, r.Step):
             self.last_client_event_id = event_id
@@ -392,7 +527,26 @@ class SessionActor:
             self.aligner.set_mode(self.core.alignment)
         elif isinstance(record, r.ClearInput):
             self.aligner.cleared()
-        for effect in effects:
+        if self.core.closed and self.close_reason is None and isinstance(record, r.Close):
+            self.close_reason = record.reason
+        return effects
+
+    async def _carry_out_all(self, effects: Sequence[Effect]) -> None:
+        """Carry out ``effects`` in order, the slot's release awaited where it comes."""
+        rest = self._carry_out(effects, 0)
+        while rest is not None:
+            await self._release()
+            rest = self._carry_out(effects, rest + 1)
+
+    def _carry_out(self, effects: Sequence[Effect], start: int) -> int | None:
+        """Carry out ``effects[start:]`` up to a slot release; returns the release's index
+        (None: all done). The events emitted go out together (one write for a step's audio
+        and its transcript)."""
+        counters = self.counters
+        emitted: list[ev.SessionEvent] = []
+        stop: int | None = None
+        for index in range(start, len(effects)):
+            effect = effects[index]
             if isinstance(effect, Emit):
                 if counters is not None:
                     if isinstance(effect.event, ev.AudioFrame):
@@ -401,7 +555,7 @@ class SessionActor:
                         counters.errors[effect.event.code] += 1
                     elif isinstance(effect.event, ev.SessionClosed):
                         counters.sessions_closed[effect.event.reason] += 1
-                self._send(effect.event)
+                emitted.append(effect.event)
             elif isinstance(effect, SubmitFrame):
                 if counters is not None:
                     counters.frames_in += 1
@@ -410,11 +564,20 @@ class SessionActor:
             elif isinstance(effect, ResetSlot):
                 self.scheduler.request_reset(self.slot, effect.epoch, effect.prompt)
             elif isinstance(effect, ReleaseSlot):
-                await self._release()
-        if self.core.closed and self.close_reason is None and isinstance(record, r.Close):
-            self.close_reason = record.reason
-        if self.log_error is not None and not self.core.closed:
-            await self._handle(r.Close(reasons.LOG_UNAVAILABLE))
+                stop = index
+                break
+        if emitted:
+            self._emit(emitted)
+        return stop
+
+    def _emit(self, events: list[ev.SessionEvent]) -> None:
+        """Hand events to the connection: at once when its writer takes them, else through
+        the outbox."""
+        direct = self.emit_directly
+        if direct is not None and not self._consumer_gone and direct(events):
+            return
+        for event in events:
+            self._send(event)
 
     def _send(self, event: ev.SessionEvent) -> None:
         if self._consumer_gone:

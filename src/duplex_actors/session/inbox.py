@@ -66,6 +66,14 @@ class Inbox(Generic[T]):
         self._notify()
         return self.commands_put
 
+    def count_handled_command(self) -> None:
+        """A command its consumer handled at once, never queued: counted as put and taken, so
+        that the ordinals of the commands after it stay in step."""
+        if self.closed:
+            raise trio.ClosedResourceError("the session has ended")
+        self.commands_put += 1
+        self.commands_taken += 1
+
     def put_result_nowait(self, item: T) -> None:
         if self.closed:
             return

@@ -31,6 +31,15 @@ DISCONNECT_HOOK_SCOPE = "duplex_actors.on_disconnect"
 # Where the TCP server leaves the code of the client's close frame (hypercorn's disconnect
 # message says 1006 for any close the app did not start).
 CLIENT_CLOSE_CODE_SCOPE = "duplex_actors.client_close_code"
+# Where the TCP server leaves the app's sends that need no await (``hardening.send_now``: a
+# callable that makes the messages -> NOT_SENT, SENT or PENDING) and the flush of what such a
+# send left unsent.
+SEND_NOW_SCOPE = "duplex_actors.send_now"
+FLUSH_SCOPE = "duplex_actors.flush"
+NOT_SENT, SENT, PENDING = 0, 1, 2
+# Where the raw path leaves the callable that takes a client message without a task hop (True:
+# handled), which the TCP server offers each message it reads before queueing it.
+DIRECT_RECEIVE_SCOPE = "duplex_actors.receive_directly"
 # Messages taken from hypercorn's queue without a checkpoint before the next receive is a real
 # one (hypercorn's queue holds 10, so this only bounds a server that queues more).
 MAX_NOWAIT_RECEIVES = 32
@@ -92,6 +101,12 @@ class AsgiWebSocket:
         self.closed = False
         self.disconnect_code: int | None = None  # the client's close code (1006: dropped)
         self.cancel_scope = trio.CancelScope()
+        self._channel: trio.MemoryReceiveChannel[Any] | None = (
+            channel if isinstance(channel, trio.MemoryReceiveChannel) else None
+        )
+        self._direct: Callable[[WireMessage], bool] | None = None
+        self._send_now: Callable[[Callable[[], list[WireMessage]]], int] | None = scope.get(SEND_NOW_SCOPE)
+        self._flush: Callable[[], Awaitable[None]] | None = scope.get(FLUSH_SCOPE)
 
     async def accept(self, subprotocol: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         if not self.accepted:
@@ -142,6 +157,38 @@ class AsgiWebSocket:
             await self.accept()
         await self._send({"type": SEND_MANY, "messages": messages})
 
+    def send_now(self, make: Callable[[], list[WireMessage]]) -> int:
+        """Send the messages ``make()`` returns without an await, when the socket is free to
+        take them: ``NOT_SENT`` (nothing done, ``make`` not called: send them with
+        :meth:`send_many`), ``SENT``, or ``PENDING`` (the rest waits for :meth:`flush`, which
+        the caller runs; no send overtakes it meanwhile)."""
+        if self._send_now is None or not self.accepted or self.closed:
+            return NOT_SENT
+        return self._send_now(make)
+
+    async def flush(self) -> None:
+        """Write what :meth:`send_now` left ``PENDING``."""
+        if self._flush is not None:
+            await self._flush()
+
+    def receive_directly(self, handler: Callable[[WireMessage], bool] | None) -> None:
+        """Offer each client message to ``handler`` (in the TCP server's task, True: handled)
+        while the handler's reader waits in :meth:`receive` with nothing queued; None stops."""
+        self._direct = handler
+        if handler is None:
+            self.scope.pop(DIRECT_RECEIVE_SCOPE, None)
+        elif self._channel is not None:
+            self.scope[DIRECT_RECEIVE_SCOPE] = self._offer
+
+    def _offer(self, message: WireMessage) -> bool:
+        handler, channel = self._direct, self._channel
+        if handler is None or channel is None or self.cancel_scope.cancel_called:
+            return False
+        stats = channel.statistics()
+        if not stats.tasks_waiting_receive or stats.current_buffer_used:
+            return False  # the reader is busy, or messages wait for it: this one queues too
+        return handler(message)
+
     async def close(self, code: int, reason: str = "") -> None:
         if self.closed:
             raise RuntimeError("Cannot close websocket multiple times")  # as quart's
@@ -185,6 +232,7 @@ async def serve_websocket(
                 await ws.close(1000)
     finally:
         scope.pop(DISCONNECT_HOOK_SCOPE, None)
+        scope.pop(DIRECT_RECEIVE_SCOPE, None)
 
 
 __all__ = ["AsgiWebSocket", "HttpReply", "RenderedReply", "serve_websocket"]

@@ -98,6 +98,14 @@ class InputBudget:
     def admit(self, now: float, nbytes: int) -> float:
         return self._admit(now, ((self.messages, 1.0), (self.bytes, float(nbytes))))
 
+    def admits_now(self, now: float, nbytes: int) -> bool:
+        """Whether :meth:`admit` would admit the message now (nothing taken, nothing held)."""
+        for bucket, cost in ((self.messages, 1.0), (self.bytes, float(nbytes))):
+            bucket.refill(now)
+            if bucket.wait(cost) > 0:
+                return False
+        return True
+
     def admit_control(self, now: float, nbytes: int) -> float:
         """Like :meth:`admit`, for the control bytes of a message that is not audio (asked
         once it has passed :meth:`admit` and been parsed). One message costs at most the

@@ -16,6 +16,12 @@ The reader spends a budget (``budget.InputBudget``: messages and bytes per secon
 and waits for it before handling a message, and an append waits while the session's input
 backlog is over its soft budget: either way the socket is not read and TCP pushes back on the
 sender. A client held back continuously for ``RateLimits.persist_s`` is closed ``rate_limited``.
+
+A session-frame wakes neither task when the transport allows it (``Transport.send_now`` and
+``receive_directly``): a plain append that needs no wait is handled in the task that read it
+while the reader waits with nothing queued, and the events the session emits while the writer
+waits with nothing queued are projected and written in the task that emits them. Anything else
+takes the reader's and the writer's way, in order behind what they hold.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from ..protocol.errors import ProtocolError
 from ..server import DuplexServer, SessionHandle, SlotReservation
 from ..session import events as ev
 from ..session.journal import CursorAhead
+from .asgi_ws import NOT_SENT, PENDING
 from .budget import InputBudget, RateLimits
 from .dialects import (
     AppendCommand,
@@ -108,7 +115,14 @@ MAX_BATCH_MESSAGES = 64
 
 class Transport:
     """What a connection needs from the WebSocket (``web.asgi_ws.AsgiWebSocket`` in the app).
-    ``send_many`` sends several messages in one write (default: one ``send`` each)."""
+    ``send_many`` sends several messages in one write (default: one ``send`` each).
+
+    Optional, for a transport that can do without a task hop (``AsgiWebSocket`` under the
+    hardened hypercorn): ``send_now(make)`` writes the messages ``make()`` returns without an
+    await when the socket is free to take them (``NOT_SENT``: ``make`` was not called;
+    ``SENT``; ``PENDING``: the rest waits for ``flush()``, and no send overtakes it);
+    ``receive_directly(handler)`` offers each client message to ``handler`` in the task that
+    read it (True: handled) while the reader waits with nothing queued."""
 
     def __init__(
         self,
@@ -117,6 +131,10 @@ class Transport:
         close: Callable[[int, str], Awaitable[object]],
         send_many: Callable[[list[WireMessage]], Awaitable[object]] | None = None,
         disconnect_code: Callable[[], int | None] | None = None,
+        *,
+        send_now: Callable[[Callable[[], list[WireMessage]]], int] | None = None,
+        flush: Callable[[], Awaitable[object]] | None = None,
+        receive_directly: Callable[[Callable[[WireMessage], bool] | None], None] | None = None,
     ) -> None:
         self.receive = receive
         self.send = send
@@ -124,6 +142,9 @@ class Transport:
         self.send_many = send_many or self._send_each
         # The close code the client's disconnect came with (None: not known, or not yet).
         self.disconnect_code = disconnect_code or (lambda: None)
+        self.send_now = send_now
+        self.flush = flush
+        self.receive_directly = receive_directly
 
     async def _send_each(self, messages: list[WireMessage]) -> None:
         for message in messages:
@@ -174,6 +195,8 @@ class Connection:
         self._closed_code: int | None = None
         self._nursery: trio.Nursery | None = None
         self._budget: InputBudget | None = None  # the reader's, once it reads
+        self._reading = False  # the reader waits for the next message (its idle scope below)
+        self._idle: trio.CancelScope | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
     async def send_message(self, message: OutboundMessage) -> None:
@@ -423,48 +446,110 @@ class Connection:
         """The writer task: project the session's events and send them until the session closes,
         then :meth:`end_writing`. What is already queued when the writer wakes (a tick's frame
         and its transcript, a burst after a stall) goes in one write."""
-        assert self.session is not None
-        events = self.session.events()
+        session = self.session
+        assert session is not None
+        events = session.events()
         closed: ev.SessionClosed | None = None
-        while closed is None:
-            try:
-                event = await events.receive()
-            except trio.EndOfChannel:
-                break
-            batch: list[WireMessage] = []
-            while True:
-                if self.draining and not self._closing_sent:
-                    self._closing_sent = True
-                    closing = projection.closing_event(reasons.SERVER_SHUTDOWN)
-                    if closing is not None:
-                        batch.append(wire_message(closing))
-                batch.extend(wire_message(message) for message in projection.project(event))
-                if isinstance(event, ev.SessionClosed):
-                    closed = event
-                    break
-                if len(batch) >= MAX_BATCH_MESSAGES:
-                    break
+        direct = self.transport.send_now is not None
+        if direct:
+            session.emit_directly(partial(self._emit_now, projection, events))
+        try:
+            while closed is None:
                 try:
-                    event = events.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
+                    event = await events.receive()
+                except trio.EndOfChannel:
                     break
-            if batch:
-                await self.transport.send_many(batch)
+                batch: list[WireMessage] = []
+                while True:
+                    if self.draining and not self._closing_sent:
+                        self._closing_sent = True
+                        closing = projection.closing_event(reasons.SERVER_SHUTDOWN)
+                        if closing is not None:
+                            batch.append(wire_message(closing))
+                    batch.extend(wire_message(message) for message in projection.project(event))
+                    if isinstance(event, ev.SessionClosed):
+                        closed = event
+                        break
+                    if len(batch) >= MAX_BATCH_MESSAGES:
+                        break
+                    try:
+                        event = events.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                if batch:
+                    await self.transport.send_many(batch)
+        finally:
+            if direct:
+                session.emit_directly(None)
         await self.end_writing(closed)
+
+    def _emit_now(
+        self,
+        projection: Projection,
+        events: trio.MemoryReceiveChannel[ev.SessionEvent],
+        emitted: list[ev.SessionEvent],
+    ) -> bool:
+        """The writer's work for events the session emits while the writer waits with nothing
+        queued, done in the task that emits them (no task wakes to send a step's audio); False
+        (nothing done: they go to the writer) when the writer is busy or has events queued, the
+        server drains, the socket is closing or cannot take a write now, or one ends the session."""
+        if self.draining or self._closed_code is not None:
+            return False
+        stats = events.statistics()
+        if not stats.tasks_waiting_receive or stats.current_buffer_used:
+            return False
+        for event in emitted:
+            if isinstance(event, ev.SessionClosed):
+                return False
+        send_now = self.transport.send_now
+        assert send_now is not None
+
+        def messages() -> list[WireMessage]:
+            return [wire_message(message) for event in emitted for message in projection.project(event)]
+
+        outcome = send_now(messages)
+        if outcome == NOT_SENT:
+            return False
+        if outcome == PENDING and self.transport.flush is not None:
+            self.start_soon(self.transport.flush)
+        return True
 
     async def _reader(self) -> None:
         session = self.session
         assert session is not None
         budget = self._budget = InputBudget(self.rate_limits, trio.current_time())
+        direct = self.transport.receive_directly
+        if (
+            direct is not None
+            and type(self).handle_message is Connection.handle_message  # not a dialect's own
+            and self.resumable is None
+            and (self.faults is None or not self.faults.active)
+        ):
+            direct(partial(self._receive_now, budget))
+        else:
+            direct = None
+        try:
+            await self._read(session, budget)
+        finally:
+            self._reading = False
+            if direct is not None:
+                direct(None)
+
+    async def _read(self, session: SessionHandle, budget: InputBudget) -> None:
         while not session.closed:
             # One idle scope for many messages (a scope per message cost more than parsing a
             # small append): its deadline moves on at each receive and is lifted while the
             # message is handled, so it only ever cancels a receive.
             data: Any = _NOTHING
             with trio.CancelScope() as idle:
+                self._idle = idle
                 while not session.closed:
                     idle.deadline = trio.current_time() + self.idle_timeout_s
-                    received = await self.transport.receive()
+                    self._reading = True
+                    try:
+                        received = await self.transport.receive()
+                    finally:
+                        self._reading = False
                     idle.deadline = math.inf
                     if idle.cancel_called:  # expired as the message came: handled outside
                         data = received
@@ -485,6 +570,34 @@ class Connection:
                     return
             if data is not _NOTHING and not await self._admit_and_handle(budget, data):
                 return
+
+    def _receive_now(self, budget: InputBudget, data: WireMessage) -> bool:
+        """The reader's work for an append that needs no wait, done in the task that read it
+        while the reader waits for its next message (True: handled; the idle deadline moves on
+        as a receive would move it). False, nothing done or charged, for anything else: a
+        message that is not a plain append or fails to parse, a client the budget holds back,
+        a session backlog to wait for; the reader then takes it in order."""
+        session = self.session
+        idle = self._idle
+        if not self._reading or session is None or session.closed or idle is None:
+            return False
+        now = trio.current_time()
+        if budget.persistent(now, session.input_held_since) or not budget.admits_now(now, len(data)):
+            return False
+        try:
+            command = self.dialect.parse(data, session.core.config)
+        except ProtocolError:
+            return False
+        if type(command) is not AppendCommand:
+            return False
+        try:
+            if not command.nowait(session):
+                return False
+        except trio.ClosedResourceError:
+            pass  # the session ended meanwhile: the writer closes, as the reader would leave it
+        budget.admit(now, len(data))
+        idle.deadline = now + self.idle_timeout_s
+        return True
 
     async def _admit_and_handle(self, budget: InputBudget, data: WireMessage) -> bool:
         """Wait for the budget, then handle one message; False once the reader must stop (the

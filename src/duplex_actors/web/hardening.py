@@ -25,7 +25,10 @@
   the whole data frames it starts with go to the app without hypercorn's and wsproto's layers
   (``web/ws_frames.py``; anything else, from the first byte that is not such a frame, takes
   their path), and the app's messages of a tick are framed and written in one write, without
-  the send lock and its scheduler round while no other send holds it.
+  the send lock and its scheduler round while no other send holds it. A message the app takes
+  without a task hop is offered to it as it is read (``DIRECT_RECEIVE_SCOPE``), and the app can
+  write without an await (``send_now``): what the socket does not take then waits in the
+  connection, and the next write under the send lock, or the FIN, sends it first.
 """
 
 from __future__ import annotations
@@ -57,7 +60,17 @@ from hypercorn.trio import task_group, tcp_server
 from wsproto import frame_protocol
 from wsproto.events import CloseConnection
 
-from .asgi_ws import CLIENT_CLOSE_CODE_SCOPE, DISCONNECT_HOOK_SCOPE, SEND_MANY
+from .asgi_ws import (
+    CLIENT_CLOSE_CODE_SCOPE,
+    DIRECT_RECEIVE_SCOPE,
+    DISCONNECT_HOOK_SCOPE,
+    FLUSH_SCOPE,
+    NOT_SENT,
+    PENDING,
+    SEND_MANY,
+    SEND_NOW_SCOPE,
+    SENT,
+)
 from .ws_frames import leading_messages, server_frame, unmask
 
 log = logging.getLogger(__name__)
@@ -172,9 +185,10 @@ def _write_now(tcp: Any, data: bytes) -> int:
     """The bytes of ``data`` that the kernel took at once, written without a checkpoint when no
     send holds the connection's send lock (hypercorn's path takes the lock, a cancel scope and a
     scheduler round per write: a tick's message costs none of them); 0 when the caller must take
-    that path (TLS, a send in progress, our FIN sent, a full socket buffer, an error: the locked
-    path meets the error again and handles it as hypercorn does)."""
-    if tcp is None or tcp.send_lock.locked():
+    that path (TLS, a send in progress, bytes of an earlier write waiting, our FIN sent, a full
+    socket buffer, an error: the locked path meets the error again and handles it as hypercorn
+    does)."""
+    if tcp is None or tcp.send_lock.locked() or tcp.__dict__.get("_duplex_unsent"):
         return 0
     sock = _plain_socket(tcp)
     if sock is None or sock.did_shutdown_SHUT_WR:
@@ -188,9 +202,78 @@ def _write_now(tcp: Any, data: bytes) -> int:
         return 0
 
 
+def send_now(stream: Any, make: Callable[[], list[str | bytes]]) -> int:
+    """The app's messages (``make()``: built only once they can go) framed and written without
+    a checkpoint, for a caller that cannot await (the session actor emitting a step's events
+    in whichever task delivered the step).
+    :data:`~.asgi_ws.NOT_SENT`: nothing done, ``make`` not called (the stream is not open both
+    ways, TLS, a send holds the lock or bytes of an earlier write wait): the caller sends them
+    the awaited way.
+    :data:`~.asgi_ws.SENT`: all written. :data:`~.asgi_ws.PENDING`: the socket took part or
+    none of them (full, or an error): the rest waits in the connection's unsent bytes, which
+    the next write under the send lock sends first (:func:`_protocol_send`); the caller runs
+    :func:`flush_unsent` so that one does."""
+    if (
+        stream.closed
+        or stream.state != ws_stream.ASGIWebsocketState.CONNECTED
+        or stream.connection.state is not wsproto.connection.ConnectionState.OPEN
+    ):
+        return NOT_SENT
+    tcp = _tcp_server_of(stream)
+    if tcp is None or tcp.send_lock.locked() or tcp.__dict__.get("_duplex_unsent"):
+        return NOT_SENT
+    sock = _plain_socket(tcp)
+    if sock is None or sock.did_shutdown_SHUT_WR:
+        return NOT_SENT
+    fd = sock.fileno()
+    if fd < 0:
+        return NOT_SENT
+    data = b"".join([server_frame(item) for item in make()])
+    try:
+        written = os.write(fd, data)
+    except OSError:
+        written = 0  # full, or an error that the locked write meets again and handles
+    if written == len(data):
+        return SENT
+    tcp._duplex_unsent = data[written:]
+    return PENDING
+
+
+async def flush_unsent(stream: Any) -> None:
+    """Write what :func:`send_now` left unsent (nothing when another send wrote it first)."""
+    tcp = _tcp_server_of(stream)
+    if tcp is not None and tcp.__dict__.get("_duplex_unsent"):
+        await tcp.protocol_send(RawData(b""))
+
+
+_original_protocol_send = tcp_server.TCPServer.protocol_send
+
+
+async def _protocol_send(self: Any, event: Any) -> None:
+    """hypercorn's ``protocol_send``; a write under the send lock first sends the bytes that
+    :func:`send_now` left unsent, so that nothing overtakes the rest of a frame."""
+    if type(event) is not RawData:
+        await _original_protocol_send(self, event)
+        return
+    async with self.send_lock:
+        data = event.data
+        unsent = self.__dict__.get("_duplex_unsent")
+        if unsent:
+            self._duplex_unsent = b""
+            data = unsent + data
+        if not data:
+            return
+        try:
+            with trio.CancelScope(shield=True):
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.protocol.handle(Closed())
+
+
 def send_many_in_one_write() -> None:
     """Teach hypercorn's WebSocket stream :data:`~.asgi_ws.SEND_MANY` (process-wide, idempotent)."""
     ws_stream.WSStream.app_send = _app_send_many  # type: ignore[method-assign]
+    tcp_server.TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
 
 
 def end_oversize_streams() -> None:
@@ -414,7 +497,13 @@ async def _deliver_leading_messages(ws: Any, data: bytes) -> bytes:
     """Hand the app the messages of the whole data frames that ``data`` starts with, as
     hypercorn would; returns the rest, for hypercorn."""
     messages, used = leading_messages(data, ws.buffer.max_length)
+    # The app handles a message here when its reader waits with nothing queued (web/asgi_ws.py):
+    # no task wakes for it. Once one is queued, the rest queue behind it.
+    direct = ws.scope.get(DIRECT_RECEIVE_SCOPE)
     for message in messages:
+        if direct is not None and direct(message):
+            continue
+        direct = None
         if type(message) is str:
             await ws.app_put({"type": "websocket.receive", "bytes": None, "text": message})
         else:
@@ -432,6 +521,10 @@ async def _send_eof(self: Any) -> None:
             return
         with trio.move_on_after(_limits.close_linger_s):  # a send blocked on a peer that stopped reading
             async with lock:
+                unsent = self.__dict__.get("_duplex_unsent")
+                if unsent:  # the rest of a frame goes before the FIN
+                    self._duplex_unsent = b""
+                    await self.stream.send_all(unsent)
                 await self.stream.send_eof()
     except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError, AttributeError):
         pass  # gone already, or a TLS stream (no half-close)
@@ -503,6 +596,10 @@ async def _spawn_app(self: Any, app: Any, config: Any, scope: Any, send: Any) ->
     in a send never takes would keep its handler, its tasks and its socket)."""
     app_send, app_receive = trio.open_memory_channel[Any](config.max_app_queue_size)
     cancel_scope = trio.CancelScope()
+    stream = getattr(send, "__self__", None)
+    if type(stream) is ws_stream.WSStream:  # the app's sends that need no await (web/asgi_ws.py)
+        scope[SEND_NOW_SCOPE] = lambda make: send_now(stream, make)
+        scope[FLUSH_SCOPE] = lambda: flush_unsent(stream)
 
     async def run() -> None:
         with cancel_scope:
