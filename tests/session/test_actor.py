@@ -287,3 +287,51 @@ async def test_an_error_in_the_bringers_task_ends_the_session_in_the_actors() ->
     assert caught.group_contains(RuntimeError, match="scheduler bug")
     assert h.actor.close_reason == "error"
     assert isinstance(h.log.records[-2], r.Close) and h.log.records[-2].reason == "error"
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_handled_at_once_or_queued_the_log_and_the_events_are_the_same(
+    seed: int, autojump_clock: Any
+) -> None:
+    """The same appends (of several sizes) and step results, brought in the same order and at
+    the same times: an actor that handles them at once and one that queues every one of them
+    (its log never has room for the direct path) log the same records and emit the same events."""
+    import random
+
+    async def run(direct: bool) -> tuple[list[r.Record], list[ev.SessionEvent]]:
+        rng = random.Random(seed)
+        events: list[ev.SessionEvent] = []
+        async with trio.open_nursery() as nursery:
+            h = Harness(nursery)
+            await h.actor.send(r.Open({}))
+            await trio.testing.wait_all_tasks_blocked()
+            h.log.commit()
+            delivered = appended = 0
+            for _ in range(40):
+                # Some records queue in the direct run too (no room in the log for a moment):
+                # the next ones must not overtake them.
+                h.log.room = rng.random() < 0.7 and direct
+                if rng.random() < 0.6:
+                    samples = FRAME_SAMPLES * rng.choice((1, 1, 2)) // rng.choice((1, 4))
+                    assert h.actor.send_append_nowait(
+                        r.Append(encode_f32(np.full(samples, 0.01, np.float32)), "pcm_f32le")
+                    )
+                    appended += samples
+                else:  # the frames those appends make (queued ones are stepped after them)
+                    for frame in range(delivered, appended // FRAME_SAMPLES):
+                        h.actor.deliver_record_nowait(step(frame))
+                    delivered = appended // FRAME_SAMPLES
+                if rng.random() < 0.5:
+                    await trio.testing.wait_all_tasks_blocked()
+                await trio.sleep(rng.choice((0.0, 0.02, 0.08)))
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.scheduler.frames == list(range(appended // FRAME_SAMPLES))
+            events = queued(h.events)
+            nursery.cancel_scope.cancel()
+        return h.log.records, events
+
+    direct_records, direct_events = await run(True)
+    queued_records, queued_events = await run(False)
+    assert any(isinstance(record, r.Step) for record in direct_records)
+    assert direct_records == queued_records
+    assert direct_events == queued_events
