@@ -364,6 +364,10 @@ class Connection:
         session, rs = self.session, self.resumable
         if session is None or session.closed:
             return
+        if self.draining:
+            # The drain closes the session; a drop that lands at the same moment (and cancels the
+            # drain's close along with the handler) does not change why it ended.
+            reason = reasons.SERVER_SHUTDOWN
         if rs is None:
             await session.close(reason)
             return
@@ -382,7 +386,7 @@ class Connection:
         dropped = self._detach_reason is not None or (
             reason == reasons.DISCONNECT and self.transport.disconnect_code() not in (1000, 1001)
         )
-        if dropped and not self.draining:
+        if dropped:
             await rs.detach(self.generation, self._detach_reason or DROPPED)
         else:
             await session.close(reason)
