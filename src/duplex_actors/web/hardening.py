@@ -181,19 +181,26 @@ def _plain_socket(tcp: Any) -> Any:
     return stream.socket if type(stream) is trio.SocketStream else None
 
 
-def _write_now(tcp: Any, data: bytes) -> int:
-    """The bytes of ``data`` that the kernel took at once, written without a checkpoint when no
-    send holds the connection's send lock (hypercorn's path takes the lock, a cancel scope and a
-    scheduler round per write: a tick's message costs none of them); 0 when the caller must take
-    that path (TLS, a send in progress, bytes of an earlier write waiting, our FIN sent, a full
-    socket buffer, an error: the locked path meets the error again and handles it as hypercorn
-    does)."""
+def _free_fd(tcp: Any) -> int:
+    """The descriptor a write may go to at once, without a checkpoint: no send holds the
+    connection's send lock and no bytes of an earlier write wait (``_duplex_unsent``); -1 when
+    the caller must take hypercorn's locked path (TLS, a send in progress, bytes waiting, our FIN
+    sent, a closed socket)."""
     if tcp is None or tcp.send_lock.locked() or tcp.__dict__.get("_duplex_unsent"):
-        return 0
+        return -1
     sock = _plain_socket(tcp)
     if sock is None or sock.did_shutdown_SHUT_WR:
-        return 0
-    fd = sock.fileno()
+        return -1
+    return int(sock.fileno())
+
+
+def _write_now(tcp: Any, data: bytes) -> int:
+    """The bytes of ``data`` that the kernel took at once, written without a checkpoint when
+    :func:`_free_fd` allows (hypercorn's path takes the lock, a cancel scope and a scheduler
+    round per write: a tick's message costs none of them); 0 when the caller must take that
+    path (what :func:`_free_fd` refuses, a full socket buffer, an error: the locked path meets
+    the error again and handles it as hypercorn does)."""
+    fd = _free_fd(tcp)
     if fd < 0:
         return 0
     try:
@@ -220,19 +227,10 @@ def send_now(stream: Any, make: Callable[[], list[str | bytes]]) -> int:
     ):
         return NOT_SENT
     tcp = _tcp_server_of(stream)
-    if tcp is None or tcp.send_lock.locked() or tcp.__dict__.get("_duplex_unsent"):
-        return NOT_SENT
-    sock = _plain_socket(tcp)
-    if sock is None or sock.did_shutdown_SHUT_WR:
-        return NOT_SENT
-    fd = sock.fileno()
-    if fd < 0:
+    if _free_fd(tcp) < 0:
         return NOT_SENT
     data = b"".join([server_frame(item) for item in make()])
-    try:
-        written = os.write(fd, data)
-    except OSError:
-        written = 0  # full, or an error that the locked write meets again and handles
+    written = _write_now(tcp, data)  # 0 when full, or an error the locked write meets again
     if written == len(data):
         return SENT
     tcp._duplex_unsent = data[written:]
