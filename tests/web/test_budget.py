@@ -134,3 +134,33 @@ def test_one_huge_control_message_costs_at_most_the_control_burst():
     assert budget.admit_control(0.0, 16 * 1024 * 1024) == 0.0
     # the next small control message waits for the control bucket, not for 16 MiB of debt
     assert budget.admit_control(0.0, 100) == pytest.approx(100 / limits.control_bytes_per_s)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 0.001, 0.01, 0.1, 0.5]), st.integers(min_value=0, max_value=20_000)),
+        min_size=1,
+        max_size=200,
+    )
+)
+def test_admits_now_then_take_admitted_is_admit_without_its_waits(arrivals):
+    """The reader's direct path (``admits_now``, then ``take_admitted`` once the message is
+    handled) leaves the budget as ``admit`` does, message by message; a message that
+    ``admits_now`` refuses takes the awaited path (``admit``) in both."""
+    limits = RateLimits(messages_per_s=50, message_burst=5, bytes_per_s=40_000, byte_burst=30_000)
+    awaited, direct = InputBudget(limits, 0.0), InputBudget(limits, 0.0)
+    now = 0.0
+    for gap, size in arrivals:
+        now += gap
+        if direct.admits_now(now, size):
+            direct.take_admitted(size)
+            assert awaited.admit(now, size) == 0.0
+        else:
+            assert awaited.admit(now, size) > 0.0
+            while (delay := direct.admit(now, size)) > 0:
+                assert awaited.admit(now, size) == pytest.approx(delay)
+                now += delay
+            assert awaited.admit(now, size) == 0.0
+        for a, b in ((awaited.messages, direct.messages), (awaited.bytes, direct.bytes)):
+            assert (a.tokens, a.stamp) == pytest.approx((b.tokens, b.stamp))
+        assert awaited.held_since == direct.held_since

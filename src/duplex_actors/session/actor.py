@@ -146,7 +146,8 @@ class SessionActor:
         self.counters = counters
         self._stop_submitting = False  # after a failed step: nothing more goes to the model
         self._queued_input = 0  # 24 kHz samples of appends in the inbox, not yet applied
-        self._progress = trio.Event()  # set (and replaced) after each record is handled
+        self._progress = trio.Event()  # set (and replaced) after a record is handled, if awaited
+        self._progress_waiters = 0
         self._commands_done = 0  # client commands handled (inbox ordinals up to this one)
         # Alignment (docs/protocol.md §7): the aligner sees every append before it is logged, with
         # the time it arrived (an append waits in the inbox as :class:`Arrived`).
@@ -219,8 +220,18 @@ class SessionActor:
         self.inbox.put_result_nowait(Handover(error=exc))
 
     def _progressed(self) -> None:
-        self._progress.set()
-        self._progress = trio.Event()
+        # Nobody waits for most records: their event is neither set nor replaced.
+        if self._progress_waiters:
+            self._progress.set()
+            self._progress = trio.Event()
+
+    async def _wait_progress(self) -> None:
+        """Until the next record is handled (or the actor ends)."""
+        self._progress_waiters += 1
+        try:
+            await self._progress.wait()
+        finally:
+            self._progress_waiters -= 1
 
     def reset_failed(self, exc: BaseException) -> None:
         """The scheduler could not give this session a fresh context: end it, say why."""
@@ -258,14 +269,14 @@ class SessionActor:
             self._queued_input -= samples  # not queued
             raise
         while applied and self._commands_done < ordinal and not self.done.is_set():
-            await self._progress.wait()
+            await self._wait_progress()
 
     async def wait_handled(self) -> None:
         """Until every command queued so far has been handled (appends queued without a wait
         included): what the caller reads of the core next reflects them."""
         ordinal = self.inbox.commands_put
         while self._commands_done < ordinal and not self.done.is_set():
-            await self._progress.wait()
+            await self._wait_progress()
 
     def send_nowait(self, record: r.Record) -> None:
         """Queue a command that is not an append without waiting (the opening's records, into
@@ -316,7 +327,7 @@ class SessionActor:
         waited = False
         while self.input_backlog > limits.input_budget_samples and not self.done.is_set():
             waited = True
-            await self._progress.wait()
+            await self._wait_progress()
         return waited
 
     # -- the actor ---------------------------------------------------------------------------------
@@ -347,8 +358,7 @@ class SessionActor:
                 else:
                     await self._handle(item)
                 self._commands_done = self.inbox.commands_taken
-                self._progress.set()
-                self._progress = trio.Event()
+                self._progressed()
         except BaseException:
             # Cancelled (server teardown) or a bug: still finish the log and free the slot.
             with trio.CancelScope(shield=True):

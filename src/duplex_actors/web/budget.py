@@ -106,6 +106,13 @@ class InputBudget:
                 return False
         return True
 
+    def take_admitted(self, nbytes: int) -> None:
+        """:meth:`admit` of a message that :meth:`admits_now` admitted at this same time (its
+        refill is done and its cost fits): the cost is taken."""
+        self.messages.take(1.0)
+        self.bytes.take(float(nbytes))
+        self._admitted()
+
     def admit_control(self, now: float, nbytes: int) -> float:
         """Like :meth:`admit`, for the control bytes of a message that is not audio (asked
         once it has passed :meth:`admit` and been parsed). One message costs at most the
@@ -126,13 +133,16 @@ class InputBudget:
             return delay
         for bucket, cost in costs:
             bucket.take(cost)
+        self._admitted()
+        return 0.0
+
+    def _admitted(self) -> None:
         # Held back ends only once the buckets have refilled well (half full): a client kept
         # at the rate passes a few messages without waiting whenever the shell's sleep
         # overshoots, and must not be forgiven for that.
-        if not self._waiting and self._recovered():
+        if not self._waiting and self.held_since is not None and self._recovered():
             self.held_since = None
         self._waiting = False
-        return 0.0
 
     def _recovered(self) -> bool:
         return all(b.tokens >= b.capacity / 2 for b in (self.messages, self.bytes, self.control))
@@ -140,5 +150,7 @@ class InputBudget:
     def persistent(self, now: float, since: float | None = None) -> bool:
         """Whether the client has been held back for longer than ``persist_s``: by this budget,
         or since ``since`` by something else (the session's input backlog), whichever is older."""
+        if self.held_since is None and since is None:
+            return False
         starts = [t for t in (self.held_since, since) if t is not None]
         return bool(starts) and now - min(starts) > self.limits.persist_s

@@ -197,6 +197,7 @@ class Connection:
         self._budget: InputBudget | None = None  # the reader's, once it reads
         self._reading = False  # the reader waits for the next message (its idle scope below)
         self._idle: trio.CancelScope | None = None
+        self._direct_input_at = -math.inf  # when _receive_now last handled a message
 
     # -- hooks ---------------------------------------------------------------------------------
     async def send_message(self, message: OutboundMessage) -> None:
@@ -540,6 +541,7 @@ class Connection:
                 direct(None)
 
     async def _read(self, session: SessionHandle, budget: InputBudget) -> None:
+        resumed = False
         while not session.closed:
             # One idle scope for many messages (a scope per message cost more than parsing a
             # small append): its deadline moves on at each receive and is lifted while the
@@ -548,7 +550,11 @@ class Connection:
             with trio.CancelScope() as idle:
                 self._idle = idle
                 while not session.closed:
-                    idle.deadline = trio.current_time() + self.idle_timeout_s
+                    # After messages handled in the TCP server's task (:meth:`_receive_now`)
+                    # kept a receive waiting past its deadline, the next runs from the last.
+                    start = self._direct_input_at if resumed else trio.current_time()
+                    resumed = False
+                    idle.deadline = start + self.idle_timeout_s
                     self._reading = True
                     try:
                         received = await self.transport.receive()
@@ -560,6 +566,9 @@ class Connection:
                         break
                     if not await self._admit_and_handle(budget, received):
                         return
+            if idle.cancelled_caught and trio.current_time() < self._direct_input_at + self.idle_timeout_s:
+                resumed = True
+                continue
             if idle.cancelled_caught:
                 # Idle means nothing arrived, not that the loop did not look (a process paused
                 # past the deadline finds the client's messages waiting in the socket): what
@@ -577,8 +586,8 @@ class Connection:
 
     def _receive_now(self, budget: InputBudget, data: WireMessage) -> bool:
         """The reader's work for an append that needs no wait, done in the task that read it
-        while the reader waits for its next message (True: handled; the idle deadline moves on
-        as a receive would move it). False, nothing done or charged, for anything else: a
+        while the reader waits for its next message (True: handled; it counts as input for the
+        idle deadline as a receive does). False, nothing done or charged, for anything else: a
         message that is not a plain append or fails to parse, a client the budget holds back,
         a session backlog to wait for; the reader then takes it in order."""
         session = self.session
@@ -599,8 +608,10 @@ class Connection:
                 return False
         except trio.ClosedResourceError:
             pass  # the session ended meanwhile: the writer closes, as the reader would leave it
-        budget.admit(now, len(data))
-        idle.deadline = now + self.idle_timeout_s
+        budget.take_admitted(len(data))
+        # The idle deadline is not moved here (a deadline move per message costs more than the
+        # rest of this check): the reader asks when it expires (:meth:`_read`).
+        self._direct_input_at = now
         return True
 
     async def _admit_and_handle(self, budget: InputBudget, data: WireMessage) -> bool:

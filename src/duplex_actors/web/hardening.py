@@ -409,13 +409,16 @@ async def _read_data(self: Any) -> None:
     try:
         with self._duplex_linger:
             while True:
-                now = trio.current_time()
-                deadline = now + self.config.read_timeout if self.config.read_timeout else math.inf
-                if _awaiting_body(self.protocol):
-                    body_since = now if body_since is None else body_since
-                    deadline = min(deadline, body_since + _limits.body_timeout_s)
+                if sock is not None and not self.config.read_timeout and "_duplex_ws_parts" in self.__dict__:
+                    deadline = math.inf  # upgraded to a WebSocket: no request body to time
                 else:
-                    body_since = None
+                    now = trio.current_time()
+                    deadline = now + self.config.read_timeout if self.config.read_timeout else math.inf
+                    if _awaiting_body(self.protocol):
+                        body_since = now if body_since is None else body_since
+                        deadline = min(deadline, body_since + _limits.body_timeout_s)
+                    else:
+                        body_since = None
                 timer: trio.CancelScope | None = None
                 try:
                     if deadline == math.inf and sock is not None:
@@ -462,33 +465,54 @@ def _open_websocket(tcp: Any) -> Any:
     """The connection's WebSocket stream when a read may bypass hypercorn and wsproto for its
     leading data frames (web/ws_frames.py): open both ways, and nothing of an earlier read
     pending anywhere (a partial frame, a fragmented message, queued events); else None."""
+    parts = tcp.__dict__.get("_duplex_ws_parts")
+    if parts is None:
+        parts = _websocket_parts(tcp)
+        if parts is None:
+            return None
+        tcp._duplex_ws_parts = parts  # the objects of an upgraded connection stay its own
+    connection, ws, wsp, decoder, messages = parts
+    if (
+        connection.buffer
+        or ws.closed
+        or ws.state != ws_stream.ASGIWebsocketState.CONNECTED
+        or ws.buffer.value is not None
+        or wsp.state is not wsproto.connection.ConnectionState.OPEN
+        or wsp._events
+        or decoder.header is not None
+        or len(decoder.buffer)
+        or messages.opcode is not None
+    ):
+        return None
+    return ws
+
+
+def _websocket_parts(tcp: Any) -> tuple[Any, Any, Any, Any, Any] | None:
+    """What :func:`_open_websocket` reads of an upgraded connection: hypercorn's WebSocket
+    connection and stream, wsproto's connection, frame decoder and message decoder (None
+    before the upgrade, or when one of them is not the kind it knows)."""
     protocol = getattr(getattr(tcp, "protocol", None), "protocol", None)
     if type(protocol) is not H11Protocol:
         return None
     connection = protocol.connection
-    if type(connection) is not H11WSConnection or connection.buffer:
+    if type(connection) is not H11WSConnection:
         return None
     ws = protocol.stream
-    if (
-        type(ws) is not ws_stream.WSStream
-        or ws.closed
-        or ws.state != ws_stream.ASGIWebsocketState.CONNECTED
-        or ws.buffer.value is not None
-    ):
+    if type(ws) is not ws_stream.WSStream:
         return None
-    wsp = ws.connection
+    wsp = getattr(ws, "connection", None)  # set by the accept
     frames = getattr(wsp, "_proto", None)
     decoder = getattr(frames, "_frame_decoder", None)
+    messages = getattr(frames, "_message_decoder", None)
     if (
-        wsp.state is not wsproto.connection.ConnectionState.OPEN
-        or getattr(wsp, "_events", True)
-        or decoder is None
-        or decoder.header is not None
-        or len(decoder.buffer)
-        or getattr(getattr(frames, "_message_decoder", None), "opcode", True) is not None
+        decoder is None
+        or messages is None
+        or not hasattr(wsp, "_events")
+        or not hasattr(decoder, "header")
+        or not hasattr(messages, "opcode")
     ):
         return None
-    return ws
+    return connection, ws, wsp, decoder, messages
 
 
 async def _deliver_leading_messages(ws: Any, data: bytes) -> bytes:
