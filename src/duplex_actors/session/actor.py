@@ -518,6 +518,10 @@ class SessionActor:
 
     def _apply(self, record: r.Record) -> list[Effect]:
         """Apply a logged record to the core and the aligner; returns the core's effects."""
+        if type(record) is r.Step:  # every frame's: none of what follows but the epoch's count
+            if self.counters is not None and record.epoch != self.core.epoch:
+                self.counters.dropped["stale_epoch"] += 1
+            return self.core.apply(record)
         event_id = getattr(record, "client_event_id", None)
         if event_id is not None and not isinstance(record, r.Step):
             self.last_client_event_id = event_id

@@ -390,6 +390,13 @@ class SessionCore:
         if type(record) not in ACCEPTS[self.state]:
             self._refuse(record, out)
             return out
+        # Every frame brings these two (the match below tries its cases one by one).
+        if type(record) is r.Step:
+            self._step(record, out)
+            return out
+        if type(record) is r.Append:
+            self._append(record, out)
+            return out
         match record:
             case r.Header():
                 if record.session_id != self.session_id:
