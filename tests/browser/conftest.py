@@ -6,6 +6,7 @@ installs before pytest starts (``make test`` runs it).
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,16 @@ from tests.system_tools import require
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# The screenshots in docs/ are rewritten only on request; a test run leaves the checkout clean.
+UPDATE_SCREENSHOTS_ENV = "DUPLEX_UPDATE_SCREENSHOTS"
+
+
+def screenshot_path(name: str, tmp_path: Path) -> Path:
+    """Where a browser test saves its screenshot: docs/``name`` with
+    ``DUPLEX_UPDATE_SCREENSHOTS=1``, else the test's own temporary directory."""
+    return DOCS / name if os.environ.get(UPDATE_SCREENSHOTS_ENV) == "1" else tmp_path / name
+
 
 SPEECH = (
     "Hello there. I would like to ask you something about the weather today. "

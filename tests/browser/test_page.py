@@ -1,8 +1,9 @@
 """The browser page, for real: Debian's Chromium (headless, fake microphone playing a speech WAV)
 driven through chromedriver + selenium against ``duplex-actors serve --model tiny-parrot``.
 
-Start -> audio frames and a session id show; Interrupt -> epoch 1; a screenshot goes to
-docs/browser.png; Stop -> closed; the session's log replays identically.
+Start -> audio frames and a session id show; Interrupt -> epoch 1; a screenshot is taken (to
+docs/browser.png with ``DUPLEX_UPDATE_SCREENSHOTS=1``); Stop -> closed; the session's log
+replays identically.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from duplex_actors.replay.replayer import replay_logic
 from tests.e2e.conftest import ServerProcess, http_get
 from tests.system_tools import require
 
-from .conftest import API_KEY, CHROMEDRIVER, CHROMIUM
+from .conftest import API_KEY, CHROMEDRIVER, CHROMIUM, screenshot_path
 
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "browser.png"
 PERSONA = "You are a cheerful weather forecaster who answers in one short sentence."
 VOICE = "NATM1.pt"  # not the default: the picker really picks
 
@@ -163,7 +163,7 @@ def test_routes(page_server: ServerProcess) -> None:
         assert status == 404, bad
 
 
-def test_talk_in_chromium(page_server: ServerProcess, browser: Any) -> None:
+def test_talk_in_chromium(page_server: ServerProcess, browser: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -204,8 +204,8 @@ def test_talk_in_chromium(page_server: ServerProcess, browser: Any) -> None:
     )
     assert not driver.find_element(By.ID, "error").is_displayed(), readouts(driver)
     ActionChains(driver).move_to_element(driver.find_element(By.TAG_NAME, "h1")).perform()
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    assert driver.save_screenshot(str(SCREENSHOT))
+    screenshot = screenshot_path("browser.png", tmp_path)
+    assert driver.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 0
 
     driver.find_element(By.ID, "stop").click()
     wait_for(

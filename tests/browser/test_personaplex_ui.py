@@ -6,7 +6,8 @@ The UI is served from the server's own origin (``--static-ui``), so it opens
 ``ws://<host>/api/chat?text_prompt=...&voice_prompt=NATF0.pt&...`` there. Clicking Connect must
 connect (the handshake), stream the microphone as Ogg/Opus, play the reply back ("Audio played"
 grows), show the model's text, and raise no page error; Chromium's network log gives the
-WebSocket frames both ways. A screenshot goes to docs/personaplex-ui.png; the session log replays.
+WebSocket frames both ways. A screenshot is taken (to docs/personaplex-ui.png with
+``DUPLEX_UPDATE_SCREENSHOTS=1``); the session log replays.
 The model is ``tiny`` (random weights): the parrot's text is always EPAD, which is never sent.
 """
 
@@ -29,11 +30,10 @@ from duplex_actors.replay.replayer import replay_logic
 from tests.e2e.conftest import ServerProcess, start_server
 from tests.e2e.test_api_chat_clients import api_chat_log
 
-from .conftest import CHROMEDRIVER, CHROMIUM
+from .conftest import CHROMEDRIVER, CHROMIUM, screenshot_path
 from .test_page import chromium_args
 
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOT = ROOT / "docs" / "personaplex-ui.png"
 STREAM_S = 6.0  # of conversation after the handshake
 
 
@@ -131,7 +131,7 @@ def wait(what: str, predicate: Any, timeout: float, driver: Any) -> None:
         time.sleep(0.1)
 
 
-def test_personaplex_ui_talks(ui_server: ServerProcess, chromium: Any) -> None:
+def test_personaplex_ui_talks(ui_server: ServerProcess, chromium: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
     driver = chromium
@@ -150,8 +150,8 @@ def test_personaplex_ui_talks(ui_server: ServerProcess, chromium: Any) -> None:
     time.sleep(max(2.0, STREAM_S - (t1 - connected_at)))
     t2, played2 = time.monotonic(), audio_played_s(driver)
     body = driver.execute_script("return document.body.innerText")
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    assert driver.save_screenshot(str(SCREENSHOT))
+    screenshot = screenshot_path("personaplex-ui.png", tmp_path)
+    assert driver.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 0
     button("Disconnect").click()
     time.sleep(0.5)
 
