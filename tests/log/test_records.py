@@ -62,6 +62,7 @@ class _Int(int):
         r.Step(1, 1, 1, 5, "a", (1, 2), (3,), b""),  # type: ignore[arg-type]  # an int for ready
         r.Step(1, 1, False, _Int(5), "a", (1, _Int(2)), (3,), b""),
         r.Step(1, 1, False, 5, "a", [1, 2], (3,), b""),  # type: ignore[arg-type]  # a list for codes
+        r.Step(1, 1, False, 5, "a", (1, 2), (3, True), b""),  # a bool among the user's codes
         r.Append(b"\x01\x02", "pcm16", "evt", True),
         r.Append(b"", "pcm16", _Int(3), 8000),  # type: ignore[arg-type]
     ],

@@ -347,6 +347,9 @@ def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
     return found
 
 
+_INT_ONLY: Final = frozenset({int})  # the types of a step's codes that the template writes
+
+
 def _step_json(record: Step) -> str | None:
     """A step record's JSON as :data:`_PAYLOAD_JSON` writes it, or None where its values are not
     the plain types this template writes (then the encoder does, and decides)."""
@@ -359,8 +362,7 @@ def _step_json(record: Step) -> str | None:
         or type(piece) is not str
         or type(agent) is not tuple
         or type(user) is not tuple
-        or not all(type(code) is int for code in agent)
-        or not all(type(code) is int for code in user)
+        or not {*map(type, agent), *map(type, user)} <= _INT_ONLY
     ):
         return None
     return (

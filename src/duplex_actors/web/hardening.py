@@ -200,7 +200,11 @@ def _write_now(tcp: Any, data: bytes) -> int:
     round per write: a tick's message costs none of them); 0 when the caller must take that
     path (what :func:`_free_fd` refuses, a full socket buffer, an error: the locked path meets
     the error again and handles it as hypercorn does)."""
-    fd = _free_fd(tcp)
+    return _write_fd(_free_fd(tcp), data)
+
+
+def _write_fd(fd: int, data: bytes) -> int:
+    """What ``os.write`` took of ``data`` (0: ``fd`` is -1, the socket is full, or an error)."""
     if fd < 0:
         return 0
     try:
@@ -227,10 +231,11 @@ def send_now(stream: Any, make: Callable[[], list[str | bytes]]) -> int:
     ):
         return NOT_SENT
     tcp = _tcp_server_of(stream)
-    if _free_fd(tcp) < 0:
+    fd = _free_fd(tcp)
+    if fd < 0:
         return NOT_SENT
     data = b"".join([server_frame(item) for item in make()])
-    written = _write_now(tcp, data)  # 0 when full, or an error the locked write meets again
+    written = _write_fd(fd, data)  # 0 when full, or an error the locked write meets again
     if written == len(data):
         return SENT
     tcp._duplex_unsent = data[written:]
