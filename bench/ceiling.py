@@ -28,7 +28,10 @@ prints a marker, and the bench samples the server there:
 - the step's wall time from ``/metrics`` (``duplex_step_duration_seconds`` sum / count over the
   window) against ``--step-ms``;
 - the other load on the machine (all busy CPU less the server's and the client's), so that a
-  trial disturbed by something else shows it.
+  trial disturbed by something else shows it;
+- run-queue waits per tick (``/proc/.../schedstat``: time runnable but not on a CPU): the front
+  ends' event loops, the engine core's main thread, and every thread of the client, whose
+  receipt times are the latency's end (column ``rq loop/cli ms``).
 
 From the client's report: coverage and lost frames (whole run), latency p50/p99 per output frame
 (arrival minus the send time of the chunk that completed it, frames sent in the window), the
@@ -165,6 +168,12 @@ def _cpu_of_stat(text: str) -> float:
     return (int(fields[11]) + int(fields[12])) / HZ if len(fields) > 12 else 0.0
 
 
+def _runqueue_wait_of(schedstat: str) -> float:
+    """Seconds a thread has waited runnable for a CPU (``/proc/.../schedstat``, second field)."""
+    fields = schedstat.split()
+    return int(fields[1]) / 1e9 if len(fields) > 1 else 0.0
+
+
 def process_tree(pid: int) -> list[int]:
     """``pid`` and its live descendants."""
     out, todo = [], [pid]
@@ -180,7 +189,9 @@ def process_tree(pid: int) -> list[int]:
 
 
 def snapshot(root: int) -> dict[int, dict[str, Any]]:
-    """CPU seconds of every process of the tree and of each of its threads, with their names."""
+    """CPU seconds of every process of the tree and of each of its threads, with their names,
+    and how long each thread has waited runnable for a CPU: ``threads`` maps a thread id to
+    ``(name, cpu_s, runqueue_wait_s)``."""
     out: dict[int, dict[str, Any]] = {}
     for pid in process_tree(root):
         stat = _read(f"/proc/{pid}/stat")
@@ -190,7 +201,11 @@ def snapshot(root: int) -> dict[int, dict[str, Any]]:
         for task in Path(f"/proc/{pid}/task").glob("*"):
             tstat = _read(f"{task}/stat")
             if tstat:
-                threads[int(task.name)] = (_read(f"{task}/comm").strip(), _cpu_of_stat(tstat))
+                threads[int(task.name)] = (
+                    _read(f"{task}/comm").strip(),
+                    _cpu_of_stat(tstat),
+                    _runqueue_wait_of(_read(f"{task}/schedstat")),
+                )
         out[pid] = {
             "comm": _read(f"/proc/{pid}/comm").strip(),
             "cmdline": " ".join(_read(f"/proc/{pid}/cmdline").split("\0")).strip(),
@@ -217,20 +232,24 @@ def cpu_window(
     frames: float | None, ticks: float | None, engine_pattern: str, engine_process: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """The server's CPU over the window, per process and role: front-end CPU per session-frame,
-    the busiest front end's % of a core, the engine core's CPU per tick."""
+    the busiest front end's % of a core, the engine core's CPU per tick; and how long the front
+    ends' event loops and the engine core's main thread waited runnable for a CPU, per tick."""
     procs: list[dict[str, Any]] = []
     totals: dict[str, float] = {"frontend": 0.0, "engine": 0.0, "helper": 0.0}
     main_thread = 0.0  # the front ends' main threads: their event loops
+    main_waits: dict[str, float] = {"frontend": 0.0, "engine": 0.0, "helper": 0.0}
     for pid, now in after.items():
         then = before.get(pid)
         cpu = now["cpu_s"] - (then["cpu_s"] if then else 0.0)  # a process born in the window: all of it
         kind = role(pid, now, root, engine_pattern, engine_process)
         totals[kind] += cpu
         threads = []
-        for tid, (name, tcpu) in now["threads"].items():
-            t0 = then["threads"].get(tid, (name, 0.0))[1] if then else 0.0
-            if tid == pid and kind == "frontend":
-                main_thread += tcpu - t0
+        for tid, (name, tcpu, twait) in now["threads"].items():
+            _, t0, w0 = then["threads"].get(tid, (name, 0.0, 0.0)) if then else (name, 0.0, 0.0)
+            if tid == pid:
+                main_waits[kind] += twait - w0
+                if kind == "frontend":
+                    main_thread += tcpu - t0
             if tcpu - t0 > 0:
                 threads.append({"tid": tid, "name": name, "cpu_pct": round(100 * (tcpu - t0) / window_s, 1)})
         procs.append(
@@ -260,7 +279,23 @@ def cpu_window(
             else None
         ),
         "helper_cpu_s": round(totals["helper"], 3),
+        "frontend_runqueue_ms_per_tick": round(1000 * main_waits["frontend"] / ticks, 3) if ticks else None,
+        "engine_runqueue_ms_per_tick": (
+            round(1000 * main_waits["engine"] / ticks, 3)
+            if ticks and any(p["role"] == "engine" for p in procs)
+            else None
+        ),
     }
+
+
+def runqueue_wait_s(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]]) -> float:
+    """Seconds all threads of a process tree waited runnable for a CPU between two snapshots."""
+    total = 0.0
+    for pid, now in after.items():
+        then = before.get(pid, {"threads": {}})["threads"]
+        for tid, (_, _, wait) in now["threads"].items():
+            total += wait - then.get(tid, ("", 0.0, 0.0))[2]
+    return total
 
 
 def system_busy_s() -> float:
@@ -383,10 +418,11 @@ def run_client(
     n: int,
     phases: str,
     args: argparse.Namespace,
-    on_marker: Callable[[str], None],
+    on_marker: Callable[[str, int], None],
     out: Path,
 ) -> dict[str, Any]:
-    """The lean client, pinned; ``on_marker`` at its window markers; its report."""
+    """The lean client, pinned; ``on_marker(marker, client_pid)`` at its window markers; its
+    report."""
     cmd = [
         *taskset(args.client_cpus), sys.executable, "-m", "duplex_actors.client.load", "--lean",
         "--url", f"ws://127.0.0.1:{server.port}{arm.path}", "--sessions", str(n),
@@ -403,7 +439,7 @@ def run_client(
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.strip() in (WINDOW_START, WINDOW_END):
-                    on_marker(line.strip())
+                    on_marker(line.strip(), proc.pid)
             rc = proc.wait()
         finally:
             watchdog.cancel()
@@ -424,9 +460,10 @@ def trial(
     other_before = wait_quiet(args.wait_quiet, args.wait_quiet_s, log) if args.wait_quiet > 0 else None
     server = Server(model, slots or args.max_sessions or n, k, args.serve_args, workdir, args.server_cpus)
     marks: dict[str, tuple[float, float, dict[int, dict[str, Any]], dict[str, float | None]]] = {}
+    client_snaps: dict[str, dict[int, dict[str, Any]]] = {}
     engine_process = "--engine-process" in args.serve_args
 
-    def on_marker(line: str) -> None:
+    def on_marker(line: str, client_pid: int) -> None:
         name = "start" if line == WINDOW_START else "end"
         t, busy = time.monotonic(), system_busy_s()
         if name == "start":
@@ -434,6 +471,7 @@ def trial(
         else:
             snap, metrics = snapshot(server.proc.pid), server.metrics()
         marks[name] = (t, busy, snap, metrics)
+        client_snaps[name] = snapshot(client_pid)
 
     try:
         server.wait_ready()
@@ -459,6 +497,8 @@ def trial(
         args.engine_pattern,
         engine_process,
     )
+    steps = figures.get("steps")
+    client_wait_s = runqueue_wait_s(client_snaps["start"], client_snaps["end"])
     server_cpu = sum(s1["cpu_s"] - snap0.get(pid, {"cpu_s": 0.0})["cpu_s"] for pid, s1 in snap1.items())
     client_cpu = report["aggregate"]["client_cpu_s_window"]
     step = figures["step_ms_mean"]
@@ -493,8 +533,11 @@ def trial(
                 "frontend_main_thread_us_per_frame",
                 "frontend_busiest_pct",
                 "engine_cpu_ms_per_tick",
+                "frontend_runqueue_ms_per_tick",
+                "engine_runqueue_ms_per_tick",
             )
         },
+        "client_runqueue_ms_per_tick": round(1000 * client_wait_s / steps, 3) if steps else None,
         "client_us_per_frame": a["client_cpu_us_per_frame"],
         "client_cpu_pct": a["client_cpu_pct"],
         "client_send_lag_p99_ms": a["send_lag_ms"]["p99"],
@@ -545,6 +588,7 @@ COLUMNS = (
     "cli us/fr",
     "lag p99",
     "other %",
+    "rq loop/cli ms",
 )
 
 
@@ -555,6 +599,7 @@ def row_cells(r: dict[str, Any]) -> list[str]:
         _f(r["frontend_main_thread_us_per_frame"]), _f(r["frontend_busiest_pct"]),
         _f(r["engine_cpu_ms_per_tick"], 2), _f(r["client_us_per_frame"]), _f(r["client_send_lag_p99_ms"], 2),
         _f(r["other_cpu_pct"]),
+        f"{_f(r.get('frontend_runqueue_ms_per_tick'), 2)}/{_f(r.get('client_runqueue_ms_per_tick'), 2)}",
     ]  # fmt: skip
 
 

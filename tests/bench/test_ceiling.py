@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -65,11 +66,14 @@ def test_front_end_cpu_per_frame_sums_the_front_ends_over_the_frames() -> None:
     def proc(comm: str, cpu: float, threads: dict) -> dict:
         return {"comm": comm, "cmdline": comm, "cpu_s": cpu, "threads": threads}
 
-    before = {1: proc("fe-0", 1.0, {1: ("fe-0", 1.0)}), 2: proc("engine", 5.0, {2: ("engine", 5.0)})}
+    before = {
+        1: proc("fe-0", 1.0, {1: ("fe-0", 1.0, 0.1)}),
+        2: proc("engine", 5.0, {2: ("engine", 5.0, 1.0)}),
+    }
     after = {
-        1: proc("fe-0", 3.0, {1: ("fe-0", 2.5), 11: ("fe-0", 0.5)}),
-        2: proc("engine", 5.5, {2: ("engine", 5.5)}),
-        3: proc("fe-1", 1.0, {3: ("fe-1", 1.0)}),  # born in the window: all of its CPU counts
+        1: proc("fe-0", 3.0, {1: ("fe-0", 2.5, 0.3), 11: ("fe-0", 0.5, 2.0)}),
+        2: proc("engine", 5.5, {2: ("engine", 5.5, 1.25)}),
+        3: proc("fe-1", 1.0, {3: ("fe-1", 1.0, 0.05)}),  # born in the window: all of its CPU counts
     }
     cpu = ceiling.cpu_window(
         before, after, 1, 10.0, frames=10_000, ticks=125, engine_pattern="engine", engine_process=False
@@ -79,6 +83,10 @@ def test_front_end_cpu_per_frame_sums_the_front_ends_over_the_frames() -> None:
     assert cpu["frontend_main_thread_us_per_frame"] == 250.0  # (1.5 + 1) s: tid == pid
     assert cpu["frontend_busiest_pct"] == 20.0
     assert cpu["engine_cpu_ms_per_tick"] == 4.0  # 0.5 s / 125 steps
+    # run-queue waits of the main threads only: (0.2 + 0.05) s and 0.25 s over 125 ticks
+    assert cpu["frontend_runqueue_ms_per_tick"] == 2.0
+    assert cpu["engine_runqueue_ms_per_tick"] == 2.0
+    assert ceiling.runqueue_wait_s(before, after) == pytest.approx(0.2 + 2.0 + 0.25 + 0.05)
     fe0 = next(p for p in cpu["processes"] if p["pid"] == 1)
     assert [t["tid"] for t in fe0["threads"]] == [1, 11]
 
@@ -101,7 +109,8 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
     for key in (
         "held", "reasons", "coverage", "lost", "lat_p50", "lat_p99", "step_ms", "frames", "window_s",
         "frontends", "frontend_us_per_frame", "frontend_main_thread_us_per_frame", "frontend_busiest_pct",
-        "engine_cpu_ms_per_tick",
+        "engine_cpu_ms_per_tick", "frontend_runqueue_ms_per_tick", "engine_runqueue_ms_per_tick",
+        "client_runqueue_ms_per_tick",
         "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "server", "cpu",
     ):  # fmt: skip
         assert key in row, key
@@ -111,6 +120,12 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
     assert row["frontends"] == 1 and row["frontend_us_per_frame"] > 0
     # serve's own process is the engine core (named duplex-engine); its front end is a child
     assert row["engine_cpu_ms_per_tick"] is not None and row["engine_cpu_ms_per_tick"] > 0
+    for key in (
+        "frontend_runqueue_ms_per_tick",
+        "engine_runqueue_ms_per_tick",
+        "client_runqueue_ms_per_tick",
+    ):
+        assert row[key] is not None and row[key] >= 0, key
     (root,) = [p for p in row["cpu"]["processes"] if p["root"]]
     assert root["role"] == "engine" and "serve" in root["cmdline"]
     assert [p["role"] for p in row["cpu"]["processes"] if "duplex_actors.frontend" in p["cmdline"]] == [
