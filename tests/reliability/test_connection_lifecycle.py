@@ -20,7 +20,7 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from ..e2e.conftest import http_get, start_server
-from ..e2e.helpers import connect
+from ..e2e.helpers import connect, pcm16, tone_and_noise
 from .conftest import (
     OP_CLOSE,
     OP_TEXT,
@@ -307,6 +307,44 @@ async def test_a_pause_longer_than_the_idle_timeout_closes_only_the_silent_sessi
     assert reasons == [[], [], []], reasons
     assert errors == [[], [], []], errors
     assert closed_silent["reason"] == "timeout" and silent.close_code == 1000
+
+
+async def test_appends_sparser_than_the_grace_keep_a_session_past_the_idle_timeout(
+    tmp_path, parrot_dir, record
+):
+    """``--idle-timeout 2``; a client sends an 800 ms append every 0.8 s for 9 s, then nothing.
+    Each append is handled in the TCP server's task as it is read, while the reader's receive
+    stays waiting: they are input all the same, so the session stays open while they come (the
+    idle deadline runs from the last of them, not from the receive, whose expiry plus the 0.25 s
+    grace would catch the next append only about one time in three), and it is closed
+    ``timeout`` about 2 s after the last one."""
+    server = start_server(tmp_path, "--max-sessions", "1", "--idle-timeout", "2")
+    chunk = pcm16(tone_and_noise(0.8))
+    try:
+        async with connect(server.ws + "/v1/realtime?duplex=1", graceful=False) as client:
+            await opened(client)
+            start = time.monotonic()
+            for k in range(12):  # 9.6 s
+                await trio.sleep(max(0.0, start + 0.8 * k - time.monotonic()))
+                await client.append(chunk)
+            last = time.monotonic()
+            closed_while_sending = client.of_type("session.closed")
+            closed = await client.wait_for("session.closed", timeout=10)
+            closed_after_s = time.monotonic() - last
+            frames = received_frames(client)
+    finally:
+        server.stop()
+    record(
+        idle_timeout_s=2,
+        append_every_s=0.8,
+        closed_while_sending=closed_while_sending,
+        closed_after_last_append_s=round(closed_after_s, 3),
+        frames=frames,
+    )
+    assert closed_while_sending == [], closed_while_sending
+    assert frames >= 100  # 120 frames of input: the session was served throughout
+    assert closed["reason"] == "timeout"
+    assert 1.5 <= closed_after_s <= 4.0, closed_after_s
 
 
 def more_frames(client: Any, n: int) -> bool:
