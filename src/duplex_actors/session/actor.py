@@ -518,16 +518,14 @@ class SessionActor:
 
     def _apply(self, record: r.Record) -> list[Effect]:
         """Apply a logged record to the core and the aligner; returns the core's effects."""
-        if type(record) is r.Step:  # every frame's: none of what follows but the epoch's count
-            if self.counters is not None and record.epoch != self.core.epoch:
-                self.counters.dropped["stale_epoch"] += 1
+        counters = self.counters
+        if isinstance(record, r.Step):  # every frame's: none of what follows but the epoch's count
+            if counters is not None and record.epoch != self.core.epoch:
+                counters.dropped["stale_epoch"] += 1
             return self.core.apply(record)
         event_id = getattr(record, "client_event_id", None)
-        if event_id is not None and not isinstance(record, r.Step):
+        if event_id is not None:
             self.last_client_event_id = event_id
-        counters = self.counters
-        if counters is not None and isinstance(record, r.Step) and record.epoch != self.core.epoch:
-            counters.dropped["stale_epoch"] += 1
         pads_before, tail_before = self.core.pad_samples, self.core.tail_samples
         effects = self.core.apply(record)
         if isinstance(record, r.Pad):
