@@ -390,7 +390,8 @@ class SessionCore:
         if type(record) not in ACCEPTS[self.state]:
             self._refuse(record, out)
             return out
-        # Every frame brings these two (the match below tries its cases one by one).
+        # Every frame brings these two, ahead of the match (it tries its cases one by one); the
+        # record's exact type is one that ACCEPTS lists, so no subclass reaches the match either.
         if type(record) is r.Step:
             self._step(record, out)
             return out
@@ -409,8 +410,6 @@ class SessionCore:
                 self._open(record, out)
             case r.Update():
                 self._update(record, out)
-            case r.Append():
-                self._append(record, out)
             case r.ClearInput():
                 self._fill = 0
                 self._fill_padded = False
@@ -451,8 +450,6 @@ class SessionCore:
                 self._emit(out, ev.HeartbeatAck(record.client_event_id))
             case r.PlaybackAck():
                 self._emit(out, ev.PlaybackAcknowledged(dict(record.payload), record.client_event_id))
-            case r.Step():
-                self._step(record, out)
             case r.Pad():
                 self._pad(record, out)
             case r.AlignHint():
