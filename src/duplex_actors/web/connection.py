@@ -387,7 +387,7 @@ class Connection:
         dropped = self._detach_reason is not None or (
             reason == reasons.DISCONNECT and self.transport.disconnect_code() not in (1000, 1001)
         )
-        if dropped:
+        if dropped and not self.draining:  # a drain ends the session, even one its reader let go
             await rs.detach(self.generation, self._detach_reason or DROPPED)
         else:
             await session.close(reason)
