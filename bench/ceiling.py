@@ -13,7 +13,9 @@ engine's step sleeps that long with the GIL released and returns silence; ``--ma
 unless ``--max-sessions`` is given; ``--frontends K`` only when ``--frontends`` lists K; anything
 in ``--serve-args`` appended), waits for ``/ready``, then drives N paced sessions with the lean
 client (``duplex-load --lean``, client/lean.py) pinned with ``taskset -c`` to ``--client-cpus``
-(the last CPU the bench may use: 1 on a 2-core machine): a ``--warmup`` (2 s), then ``--seconds``
+(the last CPU the bench may use: 1 on a 2-core machine; ``--client-nice`` gives it a nice
+increment, e.g. -10 so that the server's threads do not delay the instrument where they share its
+core): a ``--warmup`` (2 s), then ``--seconds``
 (12) of load, then the drain. As the client passes the start and the end of that window it
 prints a marker, and the bench samples the server there:
 
@@ -29,6 +31,9 @@ prints a marker, and the bench samples the server there:
   window) against ``--step-ms``;
 - the other load on the machine (all busy CPU less the server's and the client's), so that a
   trial disturbed by something else shows it;
+- the machine's speed as the interpreter sees it, just before the trial: nanoseconds per call
+  of a function that returns at once (``python_call_ns``, column ``call ns``; bench/machine.py).
+  A shared VM's host moves it by 3x between hours, and every CPU figure per message with it;
 - run-queue waits per tick (``/proc/.../schedstat``: time runnable but not on a CPU): the front
   ends' event loops, the engine core's main thread, and every thread of the client, whose
   receipt times are the latency's end (column ``rq loop/cli ms``).
@@ -82,7 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from machine import machine_line
+from machine import machine_line, python_call_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -168,6 +173,11 @@ def _cpu_of_stat(text: str) -> float:
     return (int(fields[11]) + int(fields[12])) / HZ if len(fields) > 12 else 0.0
 
 
+def _nice_of_stat(text: str) -> int | None:
+    fields = text.rsplit(")", 1)[-1].split()
+    return int(fields[16]) if len(fields) > 16 else None
+
+
 def _runqueue_wait_of(schedstat: str) -> float:
     """Seconds a thread has waited runnable for a CPU (``/proc/.../schedstat``, second field)."""
     fields = schedstat.split()
@@ -210,6 +220,7 @@ def snapshot(root: int) -> dict[int, dict[str, Any]]:
             "comm": _read(f"/proc/{pid}/comm").strip(),
             "cmdline": " ".join(_read(f"/proc/{pid}/cmdline").split("\0")).strip(),
             "cpu_s": _cpu_of_stat(stat),
+            "nice": _nice_of_stat(stat),
             "threads": threads,
         }
     return out
@@ -354,6 +365,10 @@ def taskset(cpus: str) -> list[str]:
     return ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
 
 
+def nice(increment: int) -> list[str]:
+    return ["nice", "-n", str(increment)] if increment else []
+
+
 class Server:
     """``duplex-actors serve`` as a child of this script."""
 
@@ -424,7 +439,7 @@ def run_client(
     """The lean client, pinned; ``on_marker(marker, client_pid)`` at its window markers; its
     report."""
     cmd = [
-        *taskset(args.client_cpus), sys.executable, "-m", "duplex_actors.client.load", "--lean",
+        *taskset(args.client_cpus), *nice(args.client_nice), sys.executable, "-m", "duplex_actors.client.load", "--lean",
         "--url", f"ws://127.0.0.1:{server.port}{arm.path}", "--sessions", str(n),
         "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--chunk-ms", str(arm.chunk_ms),
         "--phases", phases, "--seed", str(args.seed), "--drain", str(args.drain),
@@ -458,9 +473,11 @@ def trial(
 ) -> dict[str, Any]:  # fmt: skip
     """One fresh server, one lean run of N sessions, the row."""
     other_before = wait_quiet(args.wait_quiet, args.wait_quiet_s, log) if args.wait_quiet > 0 else None
+    call_ns = python_call_ns()
     server = Server(model, slots or args.max_sessions or n, k, args.serve_args, workdir, args.server_cpus)
     marks: dict[str, tuple[float, float, dict[int, dict[str, Any]], dict[str, float | None]]] = {}
     client_snaps: dict[str, dict[int, dict[str, Any]]] = {}
+    client_nice: list[int | None] = []  # as the kernel saw the client at the markers
     engine_process = "--engine-process" in args.serve_args
 
     def on_marker(line: str, client_pid: int) -> None:
@@ -472,6 +489,7 @@ def trial(
             snap, metrics = snapshot(server.proc.pid), server.metrics()
         marks[name] = (t, busy, snap, metrics)
         client_snaps[name] = snapshot(client_pid)
+        client_nice.append(client_snaps[name].get(client_pid, {}).get("nice"))
 
     try:
         server.wait_ready()
@@ -545,6 +563,8 @@ def trial(
         if window_s > 0
         else None,
         "other_cpu_pct_before": None if other_before is None else round(other_before, 1),
+        "python_call_ns": round(call_ns, 1),
+        "client_nice": client_nice[0] if client_nice else None,
         "server_ready_s": None if server.ready_s is None else round(server.ready_s, 2),
         "server": figures,
         "cpu": cpu,
@@ -589,6 +609,7 @@ COLUMNS = (
     "lag p99",
     "other %",
     "rq loop/cli ms",
+    "call ns",
 )
 
 
@@ -600,6 +621,7 @@ def row_cells(r: dict[str, Any]) -> list[str]:
         _f(r["engine_cpu_ms_per_tick"], 2), _f(r["client_us_per_frame"]), _f(r["client_send_lag_p99_ms"], 2),
         _f(r["other_cpu_pct"]),
         f"{_f(r.get('frontend_runqueue_ms_per_tick'), 2)}/{_f(r.get('client_runqueue_ms_per_tick'), 2)}",
+        _f(r.get("python_call_ns")),
     ]  # fmt: skip
 
 
@@ -798,6 +820,13 @@ def build_parser() -> argparse.ArgumentParser:
         "may use two or more; '' to not pin)",
     )
     p.add_argument("--server-cpus", default="", help="taskset -c for the server (default: not pinned)")
+    p.add_argument(
+        "--client-nice",
+        type=int,
+        default=0,
+        help="nice increment for the lean client, e.g. -10 (root) so that the server's threads do not "
+        "delay the instrument on a machine whose cores they share (default 0: as the server)",
+    )
     p.add_argument("--min-coverage", type=float, default=0.99)
     p.add_argument("--max-lost", type=int, default=0)
     p.add_argument(
@@ -840,6 +869,9 @@ def main(argv: list[str] | None = None) -> int:
             f"ceiling.py: bad arguments (arms {unknown}, ns {args.ns}, seconds {args.seconds})",
             file=sys.stderr,
         )
+        return 2
+    if args.client_nice < 0 and os.geteuid() != 0:
+        print("ceiling.py: a negative --client-nice needs root (nice would ignore it)", file=sys.stderr)
         return 2
     args.frontends = args.frontends or [None]
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")

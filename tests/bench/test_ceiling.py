@@ -96,14 +96,14 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable, str(BENCH / "ceiling.py"), "--arms", "realtime-80", "--ns", "4", "--seconds", "2",
-            "--warmup", "1", "--no-bisect", "--wait-quiet", "0", "--out", str(out), "--workdir", str(tmp_path),
+            "--warmup", "1", "--no-bisect", "--wait-quiet", "0", "--out", str(out), "--workdir", str(tmp_path), "--client-nice", "2",
         ],
         capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert result["bench"] == "ceiling" and result["machine"].startswith("machine:")
-    assert result["config"]["step_ms"] == 25.0
+    assert result["config"]["step_ms"] == 25.0 and result["config"]["client_nice"] == 2
     (row,) = result["trials"]
     assert (row["arm"], row["k"], row["n"], row["chunk_ms"]) == ("realtime-80", None, 4, 80)
     for key in (
@@ -111,10 +111,11 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
         "frontends", "frontend_us_per_frame", "frontend_main_thread_us_per_frame", "frontend_busiest_pct",
         "engine_cpu_ms_per_tick", "frontend_runqueue_ms_per_tick", "engine_runqueue_ms_per_tick",
         "client_runqueue_ms_per_tick",
-        "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "server", "cpu",
+        "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "python_call_ns", "server", "cpu",
     ):  # fmt: skip
         assert key in row, key
-    assert row["coverage"] > 0 and row["frames"] > 0
+    assert row["coverage"] > 0 and row["frames"] > 0 and row["python_call_ns"] > 0
+    assert row["client_nice"] == os.nice(0) + 2  # --client-nice 2, relative to this process
     assert row["step_ms"] >= 25.0  # the stand-in's step sleeps 25 ms: its wall time is no less
     assert row["lat_p50"] >= 25.0  # an output frame needs one step after its input arrived
     assert row["frontends"] == 1 and row["frontend_us_per_frame"] > 0
