@@ -69,11 +69,14 @@ class Watch:
         self.events: list = []
         self.lags: list[int] = []
         self.min_ahead = 0
+        self.sent_before_output: int | None = None  # input frames sent when the first output came
 
     def __call__(self, event) -> None:
         self.events.append(event)
         c = self.client
         if c is not None and isinstance(event, AudioDelta):
+            if self.sent_before_output is None:
+                self.sent_before_output = c.frames_sent
             # Input counted on the server: the client's samples plus the alignment pads it was
             # asked for (spec section 7), which can complete a frame before the client's own
             # samples do.
@@ -115,10 +118,13 @@ def _check_stream(watch: Watch, *, tiny: bool) -> None:
     # Never more output than input. At most 4 frames (320 ms) behind when the input ends is the
     # server's own pacing, checked with the parrot model, whose step costs ~1 ms: the tiny
     # model's step is near the 80 ms frame on a small CPU, so its lag measures the machine
-    # (_stream_all still waits for every frame to come back).
+    # (_stream_all still waits for every frame to come back). A new persona's prompt is
+    # prefilled before the session's first step, and its input queues meanwhile (a slow or
+    # busy machine takes a second or more): the pacing's 4 frames count from that backlog.
     assert watch.min_ahead >= 0 and all(lag >= 0 for lag in watch.lags), (watch.name, watch.lags)
     if not tiny:
-        assert all(lag <= 4 for lag in watch.lags), (watch.name, watch.lags)
+        bound = 4 + (watch.sent_before_output or 0)
+        assert all(lag <= bound for lag in watch.lags), (watch.name, watch.lags, watch.sent_before_output)
     if tiny:
         audio = pcm16_to_float(b"".join(d.pcm16 for d in deltas))
         assert rms(audio) > 1e-4, f"{watch.name}: silent output"
