@@ -398,9 +398,6 @@ class NativeDialect:
         self.max_message_bytes = max_message_bytes
         self.binary_output = False
         self.output: dict[str, Any] = {"binary_output": False}
-        # The input format of binary audio under the config it was resolved from: a session's
-        # config is replaced on every change, never changed in place (session/core.py).
-        self._binary_format: tuple[Mapping[str, Any], str, int] | None = None
 
     def projection(self, session_id: str) -> Projection:
         from ..protocol.native import NativeProjection
@@ -415,11 +412,7 @@ class NativeDialect:
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
             audio = parsing.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
-            known = self._binary_format
-            if known is not None and known[0] is config:
-                return AppendCommand(audio, known[1], known[2])
             fmt, rate = audio_formats.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
-            self._binary_format = (config, fmt, rate)
             return AppendCommand(audio, fmt, rate)
         event = parsing.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if isinstance(event, pe.SessionUpdate):
