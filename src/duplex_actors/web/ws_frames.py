@@ -23,6 +23,7 @@ FINAL_BINARY = 0x82
 MASKED = 0x80
 LENGTH_16 = 126
 LENGTH_64 = 127
+_WORD = np.dtype("<u4")
 NUMPY_UNMASK_FROM = 2048  # shorter payloads: one XOR of two Python ints is cheaper than the arrays
 
 
@@ -32,13 +33,13 @@ def unmask(payload: bytes, key: bytes) -> bytes:
     if n < NUMPY_UNMASK_FROM:
         keys = (key * (n // 4 + 1))[:n]
         return (int.from_bytes(payload, "little") ^ int.from_bytes(keys, "little")).to_bytes(n, "little")
+    # The whole words XOR one little-endian int, in one array op (a uint32 array scalar or a
+    # copy of the input first costs more than the XOR); the last 1-3 bytes, one by one.
     whole = n - n % 4
-    out = np.frombuffer(payload, dtype=np.uint8).copy()
-    words = out[:whole].view(np.uint32)
-    words ^= np.frombuffer(key, dtype=np.uint32)[0]
-    for i in range(whole, n):
-        out[i] ^= key[i - whole]
-    return out.tobytes()
+    words = (np.frombuffer(payload, dtype=_WORD, count=whole // 4) ^ int.from_bytes(key, "little")).tobytes()
+    if whole == n:
+        return words
+    return words + bytes(b ^ k for b, k in zip(payload[whole:], key, strict=False))
 
 
 def leading_messages(data: bytes, max_payload: int) -> tuple[list[str | bytes], int]:
