@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint import CheckpointFiles
 from .errors import CheckpointError
+from .meta_init import meta_init_skipped
 
 if TYPE_CHECKING:
     import sentencepiece
@@ -118,7 +119,8 @@ def lm_from_state(
         if value.dtype.is_floating_point:
             kept[key] = value.to(dtype)
     try:
-        model = LMModel(device=torch.device("meta"), dtype=dtype, **kwargs)
+        with meta_init_skipped():
+            model = LMModel(device=torch.device("meta"), dtype=dtype, **kwargs)
         model.load_state_dict(kept, assign=True)
     except RuntimeError as exc:
         raise CheckpointError(f"{where}: does not match the LM config: {_first_lines(exc)}") from exc

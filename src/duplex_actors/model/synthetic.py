@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .layout import LM_CONFIG_NAME, LM_NAME, MIMI_CONFIG_NAME, MIMI_NAME, TOKENIZER_NAME, VOICES_TGZ
+from .meta_init import meta_init_skipped
 from .personaplex import NUM_STREAMS, VOICE_RING
 
 PERSONAPLEX_STEPS = 16
@@ -59,7 +60,8 @@ def personaplex_layout(lm_config: Mapping[str, Any] | None = None) -> dict[str, 
     projections ``in_projs.N`` / ``out_projs.N`` of each attention fused step-major."""
     from moshi.models.lm import LMModel
 
-    model = LMModel(device=torch.device("meta"), dtype=torch.bfloat16, **personaplex_lm_kwargs(lm_config))
+    with meta_init_skipped():
+        model = LMModel(device=torch.device("meta"), dtype=torch.bfloat16, **personaplex_lm_kwargs(lm_config))
     layout: dict[str, tuple[int, ...]] = {}
     for key, value in model.state_dict().items():
         shape = tuple(int(d) for d in value.shape)
