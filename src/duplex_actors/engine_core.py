@@ -99,9 +99,10 @@ def build_engine(settings: CoreSettings, on_phase: PhaseSink | None = None) -> M
     start-up reported to ``on_phase``, with the faults of ``DUPLEX_FAULTS`` armed on its steps
     when set. A hub that cannot be reached is retried in the resolve phase."""
     from .faults import Faults, FaultyEngine
+
+    import_engine(Startup(on_phase))  # before the factory, which imports torch at its top
     from .model.factory import open_served_engine
 
-    import_engine(Startup(on_phase))
     engine: ModelEngine = open_served_engine(
         settings.model,
         slots=settings.max_sessions,
