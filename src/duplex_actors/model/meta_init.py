@@ -4,8 +4,9 @@ A model built on the meta device (its tensors have shapes and dtypes, no data) i
 skeleton for ``load_state_dict(..., assign=True)``: initialising its parameters has nothing to
 write. Torch still runs every ``torch.nn.init`` call of every constructor, and on the meta
 device each one goes through torch's Python reference ops, whose first call imports
-``torch._dynamo``: 2.2-2.6 s of an engine core's start-up on the 2-core VM, for the tiny model
-as for the 7B (docs/operations.md, "Start-up").
+``torch._dynamo``: 2.1-2.9 s of an engine core's start-up on the 2-core VM for the tiny model,
+and 2.2 of the 4.5 s that building the 7B's skeleton takes (BENCHMARKS.md, "Start-up and
+memory").
 
 Inside :func:`meta_init_skipped`, the ``torch.nn.init`` functions return a meta tensor as it is
 and initialise every other tensor as before, in any thread: the swap is process-wide (torch's
