@@ -98,11 +98,11 @@ def main() -> int:
                 flush=True,
             )
     summary = {}
-    for tree, results in runs.items():
+    for name, results in runs.items():
         times = [x["ready_s"] for x in results]
         loads = [x["phases_s"].get("load", float("nan")) for x in results]
-        summary[tree] = {"ready_s_median": statistics.median(times), "ready_s": times, "load_s": loads}
-        print(f"{tree}: ready median {statistics.median(times)} s ({min(times)}-{max(times)}), load {loads}")
+        summary[name] = {"ready_s_median": statistics.median(times), "ready_s": times, "load_s": loads}
+        print(f"{name}: ready median {statistics.median(times)} s ({min(times)}-{max(times)}), load {loads}")
     commits = {
         str(t): subprocess.run(
             ["git", "-C", str(t), "rev-parse", "HEAD"], capture_output=True, text=True
