@@ -12,7 +12,6 @@ replays identically with ``duplex-replay`` (logic and model level).
 from __future__ import annotations
 
 import itertools
-import re
 import subprocess
 import sys
 from contextlib import AsyncExitStack
@@ -43,7 +42,9 @@ from duplex_actors.log import records as r
 from duplex_actors.log.segment import read_log
 from tests.system_tools import require
 
-from .conftest import ServerProcess, http_get, start_server
+from ..reliability.conftest import metric_sum
+from .conftest import ServerProcess, start_server
+from .helpers import get_text
 
 FRAME = 1920
 
@@ -99,10 +100,9 @@ async def _open(stack: AsyncExitStack, url: str, persona: str, watch: Watch) -> 
 async def _drained(server: ServerProcess) -> int:
     """Frames the server dropped so far to catch up (docs/protocol.md §7: a frame held back by a
     jitter burst may be drained; it has no output)."""
-    status, text = await trio.to_thread.run_sync(http_get, server.base + "/metrics")
+    status, text = await get_text(server, "/metrics")
     assert status == 200, text
-    found = re.search(r'^duplex_frames_dropped_total\{reason="drained"\} (\S+)$', text, re.MULTILINE)
-    return int(float(found.group(1))) if found else 0
+    return int(metric_sum(text, "duplex_frames_dropped_total", reason="drained"))
 
 
 async def _stream_all(server: ServerProcess, pairs: list[tuple[DuplexClient, np.ndarray, Watch]]) -> None:
