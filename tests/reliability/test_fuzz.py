@@ -140,6 +140,9 @@ def event_strategy(schema: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+# One strategy object per argument: hypothesis validates a strategy (recursively, json_value's
+# too) the first time it is drawn from, and a strategy built inside each draw is new every time.
+@functools.cache
 def valid_events(dialect: str, exclude: tuple[str, ...] = ()) -> st.SearchStrategy[dict[str, Any]]:
     schemas = load_schemas(dialect)
     return st.one_of([event_strategy(s) for t, s in sorted(schemas.items()) if t not in exclude])
