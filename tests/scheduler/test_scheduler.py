@@ -433,3 +433,39 @@ async def test_the_view_rebuilt_for_changed_slots_only_is_the_whole_tables(autoj
             await trio.sleep(rng.choice([0, 0.01, 0.03, 0.08]))
         nursery.cancel_scope.cancel()
     assert checked[0] > 100
+
+
+async def test_a_slot_released_before_its_due_reset_is_applied_stalls_no_one(autojump_clock, monkeypatch):
+    """A session that ends while its reset waits (due, not yet applied): that reset is never
+    applied (the slot's release resets it instead), and the scheduler goes on stepping the
+    others. A reset the run loop counts as due is one it applies: it asks again at once, with
+    no checkpoint between, so a due reset it skipped would spin the engine core's loop."""
+    rounds: list[bool] = []
+    apply_resets = Scheduler._apply_resets
+
+    async def counted(self: Scheduler, *, releases: bool) -> None:
+        rounds.append(releases)
+        if len(rounds) > 50:
+            raise AssertionError("the reset branch ran 50 times in a row: the scheduler spins")
+        await apply_resets(self, releases=releases)
+
+    monkeypatch.setattr(Scheduler, "_apply_resets", counted)
+    async with trio.open_nursery() as nursery:
+        engine = RecordingEngine(2)
+        sched = Scheduler(engine, clock=VIRTUAL_TIME)
+        a, b = Sink(), Sink()
+        sa, sb = sched.admit(a), sched.admit(b)
+        # All before the loop looks: a's reset due, b's frame queued, a's client gone.
+        sched.request_reset(sa, 0, None)
+        sched.submit_nowait(sb, 0, frame(5))
+        nursery.start_soon(sched.release, sa)
+        await trio.testing.wait_all_tasks_blocked()
+        await nursery.start(sched.run)
+        for i in range(1, 4):
+            await trio.sleep(0.08)
+            sched.submit_nowait(sb, i, frame(5 + i))
+        await trio.sleep(1)
+        assert [r.frame_index for r in b.results] == [0, 1, 2, 3]
+        assert [c[:3] for c in engine.calls if c[0] == "reset"] == [("reset", sa, None)]
+        assert sched.table.free == 1 and rounds == [True], rounds  # the release, once
+        nursery.cancel_scope.cancel()

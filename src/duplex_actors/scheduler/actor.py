@@ -323,7 +323,12 @@ class Scheduler:
         past RELEASE_DEFER_S it goes, one between two steps (``_apply_resets`` applies one per
         round): sessions that end together (the end of a load, a drain) would otherwise put a
         reset each, one engine call apiece, before the tick of the sessions that go on."""
-        prompts = any(e.pending_reset is not None and e.index in self._ready_resets for e in self.table.slots)
+        # What ``_apply_resets`` applies: a releasing slot's reset is its release's (the run
+        # loop asks again at once after the resets, so a reset counted here must be applied).
+        prompts = any(
+            e.pending_reset is not None and e.index in self._ready_resets and not e.releasing
+            for e in self.table.slots
+        )
         if not self._releasing_since:
             return prompts, False
         now = self.clock.now()
