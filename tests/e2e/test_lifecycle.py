@@ -62,8 +62,9 @@ def _speech(tmp: Path) -> np.ndarray:
 
 
 class Watch:
-    """Everything one client saw; ``lags``: input minus output frames when each stream ended
-    (a prompt never seen before is prefilled first, so a new persona's first frames queue)."""
+    """Everything one client saw; ``lags``: input minus output frames of each stream when it
+    ended, the frames drained in earlier streams apart (a prompt never seen before is prefilled
+    first, so a new persona's first frames queue)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -110,18 +111,23 @@ async def _stream_all(server: ServerProcess, pairs: list[tuple[DuplexClient, np.
     output or was drained (a busy machine makes a new persona's queued frames a backlog the
     scheduler may drain one of)."""
     drained_before = await _drained(server)
+    # A client's frames without output from its earlier streams were drained then (counted there).
+    owed_before = {id(client): client.frames_sent - client.frames_received for client, _, _ in pairs}
     start = trio.current_time() + 0.05
 
     async def one(client: DuplexClient, audio: np.ndarray, watch: Watch) -> None:
         await client.stream(audio, start=start)
-        watch.lags.append(client.frames_sent - client.frames_received)
+        watch.lags.append(client.frames_sent - client.frames_received - owed_before[id(client)])
 
     async with trio.open_nursery() as nursery:
         for client, audio, watch in pairs:
             nursery.start_soon(one, client, audio, watch)
     with trio.fail_after(15):
         while True:
-            missing = sum(client.frames_sent - client.frames_received for client, _, _ in pairs)
+            missing = sum(
+                client.frames_sent - client.frames_received - owed_before[id(client)]
+                for client, _, _ in pairs
+            )
             if missing <= 0 or missing <= await _drained(server) - drained_before:
                 break
             await trio.sleep(0.1)
