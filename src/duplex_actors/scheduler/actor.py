@@ -323,12 +323,7 @@ class Scheduler:
         past RELEASE_DEFER_S it goes, one between two steps (``_apply_resets`` applies one per
         round): sessions that end together (the end of a load, a drain) would otherwise put a
         reset each, one engine call apiece, before the tick of the sessions that go on."""
-        # What ``_apply_resets`` applies: a releasing slot's reset is its release's (the run
-        # loop asks again at once after the resets, so a reset counted here must be applied).
-        prompts = any(
-            e.pending_reset is not None and e.index in self._ready_resets and not e.releasing
-            for e in self.table.slots
-        )
+        prompts = any(self._reset_ready(e) for e in self.table.slots)
         if not self._releasing_since:
             return prompts, False
         now = self.clock.now()
@@ -336,6 +331,12 @@ class Scheduler:
             return prompts, True
         overdue = now - min(self._releasing_since.values()) >= RELEASE_DEFER_S
         return prompts, overdue and self._forced_release_after != self._ticks
+
+    def _reset_ready(self, entry: Slot) -> bool:
+        """Whether ``_apply_resets`` applies this slot's reset now: prepared, and the slot not
+        releasing (its release resets it). ``_resets_due`` asks the same: the run loop asks
+        again at once after a reset round, so a reset due there and skipped here would spin it."""
+        return entry.pending_reset is not None and entry.index in self._ready_resets and not entry.releasing
 
     def _touch(self, slot: int) -> None:
         self._changed.add(slot)
@@ -388,7 +389,7 @@ class Scheduler:
         """The prepared prompts' resets, and with ``releases`` one released slot's."""
         for entry in self.table.slots:
             request = entry.pending_reset
-            if request is not None and entry.index in self._ready_resets and not entry.releasing:
+            if request is not None and self._reset_ready(entry):
                 epoch, prompt = request
                 try:
                     await self.executor.run(partial(self.engine.reset, entry.index, prompt))
