@@ -61,7 +61,7 @@ async def sdk_session(
 
         first = await next_event()
         report["session_id"] = first.session.id
-        await conn.session.update(session=session)  # type: ignore[arg-type]
+        await conn.session.update(session=session)
         for offset in range(0, len(audio), chunk):
             await conn.input_audio_buffer.append(
                 audio=base64.b64encode(audio[offset : offset + chunk]).decode()
@@ -71,7 +71,7 @@ async def sdk_session(
             assert event.type != "error", event
             if event.type == "response.output_audio.delta":
                 report["deltas"].append(report["received"][-1])
-        await conn.send({"type": "session.close"})  # type: ignore[arg-type]
+        await conn.send({"type": "session.close"})
         while (await next_event()).type != "session.closed":
             pass
     return report

@@ -36,7 +36,7 @@ async def sdk_session(port: int, audio: bytes, api_key: str = "k") -> dict[str, 
             report["sent"].append(json.loads(data))
             await send(data, *args, **kwargs)
 
-        ws.send = recording_send  # type: ignore[method-assign,assignment]
+        ws.send = recording_send
 
         async def next_event() -> Any:
             raw = await asyncio.wait_for(conn.recv_bytes(), 10)
@@ -70,7 +70,7 @@ async def sdk_session(port: int, audio: bytes, api_key: str = "k") -> dict[str, 
                 out += base64.b64decode(event.delta)
             assert event.type != "error", event
         report["audio"] = out
-        await conn.send({"type": "session.close"})  # type: ignore[arg-type]  # not in the SDK's types
+        await conn.send({"type": "session.close"})
         while True:
             event = await next_event()
             if event.type == "session.closed":
