@@ -21,7 +21,9 @@ lint: setup
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
-test: test-deps lint
+# The system packages (apt: mostly waiting on the network) go in beside the venv and lint (CPU).
+test:
+	@$(MAKE) --no-print-directory -j2 test-deps lint
 	$(BIN)/python -m pytest $(ARGS)
 
 # Opt-in: the slow checks too (GPU-only tests still need -m gpu on a CUDA machine).
