@@ -24,7 +24,7 @@ lint: setup
 # The system packages (apt: mostly waiting on the network) go in beside the venv and lint (CPU).
 test:
 	@$(MAKE) --no-print-directory -j2 test-deps lint
-	$(BIN)/python -m pytest $(ARGS)
+	scripts/run-tests.sh $(ARGS)
 
 # Opt-in: the slow checks too (GPU-only tests still need -m gpu on a CUDA machine).
 test-slow: setup test-deps

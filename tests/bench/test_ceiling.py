@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from .loader import BENCH, load_bench
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 ceiling = load_bench("ceiling.py", "bench_ceiling")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import trio
 
 from duplex_actors.client import AudioDelta, open_duplex_client
@@ -26,6 +27,8 @@ from duplex_actors.client.stats import Delta, frame_latencies_ms
 from tests.reliability.conftest import metric_sum, metrics_text
 
 from .conftest import start_server
+
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
 
 SECONDS = 2.0
 

@@ -21,6 +21,8 @@ from duplex_actors.replay.replayer import replay_logic
 from .conftest import ServerProcess, start_server
 from .helpers import FRAME_SAMPLES, Client, append_event, connect, pcm16, read_records, tone_and_noise
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 TICK = 0.080
 # The warm-up's frames complete 10 ms before a tick; 20 ms after them is 10 ms after a tick, where
 # a pad of 10 ms + the margin (3-40 ms) is owed: never none, whatever the margin.

@@ -46,6 +46,8 @@ from ..reliability.conftest import metric_sum
 from .conftest import ServerProcess, start_server
 from .helpers import get_text
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 FRAME = 1920
 
 

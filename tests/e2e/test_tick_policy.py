@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.reliability.conftest import metric_sum, metrics_text
 
 from .conftest import EXE, start_server
+
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
 
 LOAD = str(Path(sys.executable).with_name("duplex-load"))
 

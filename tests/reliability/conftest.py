@@ -39,7 +39,9 @@ def record(request: pytest.FixtureRequest, record_property: Callable[[str, Any],
 
     def _record(**numbers: Any) -> None:
         for key, value in numbers.items():
-            record_property(key, value)
+            # As JSON gives it back: a report crosses to pytest-xdist's controller, which
+            # serializes plain values only (an enum there crashed the worker).
+            record_property(key, json.loads(json.dumps(value, default=str)))
         line = {"test": request.node.nodeid, **numbers}
         print(f"\n[reliability] {json.dumps(line, default=str)}", flush=True)
         out = os.environ.get("DUPLEX_RELIABILITY_RESULTS")

@@ -16,6 +16,7 @@ import time
 from functools import partial
 from typing import Any
 
+import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
@@ -33,6 +34,8 @@ from .conftest import (
     wait_slots_free,
 )
 from .test_model_faults import opened, received_frames, stream
+
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
 
 FRAME_S = 0.08
 

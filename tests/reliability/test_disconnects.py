@@ -30,6 +30,8 @@ from .conftest import (
     wait_slots_free,
 )
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 IDLE_TIMEOUT_S = 2.0
 OUTBOX_EVENTS = 64
 TCP_USER_TIMEOUT_S = 15.0

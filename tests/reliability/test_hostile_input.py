@@ -24,6 +24,8 @@ from ..e2e.conftest import start_server
 from .conftest import ametrics, metric_sum, wait_slots_free
 from .test_disconnects import run_load
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 RATE_LIMIT_AFTER_S = 3.0
 ATTACK_S = 6.0
 ROUNDS = 3

@@ -22,6 +22,8 @@ from ..e2e.helpers import FRAME_PCM16_BYTES, Client, connect, error_code, pcm16,
 from .conftest import ametrics, aready, metric_sum, wait_slots_free
 from .test_disconnects import assert_replays, finished_log
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 SLOTS = 4
 STALL_MS = 200
 FRAME_S = 0.08
