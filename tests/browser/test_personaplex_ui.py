@@ -33,6 +33,8 @@ from tests.e2e.test_api_chat_clients import api_chat_log
 from .conftest import CHROMEDRIVER, CHROMIUM, screenshot_path
 from .test_page import chromium_args
 
+pytestmark = pytest.mark.serial  # its bounds are timings: run alone, after the rest (scripts/run-tests.sh)
+
 ROOT = Path(__file__).resolve().parents[2]
 STREAM_S = 6.0  # of conversation after the handshake
 
