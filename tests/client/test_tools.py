@@ -10,6 +10,7 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 import trio
 
 from duplex_actors.audio import FRAME_SAMPLES
@@ -260,6 +261,7 @@ def test_bad_format_values_are_argparse_errors(tmp_path: Path) -> None:
         assert supported in proc.stderr, proc.stderr
 
 
+@pytest.mark.serial  # its round-trip median bound is a timing (scripts/run-tests.sh)
 def test_duplex_load_phone_line(server: ServerProcess, tmp_path: Path) -> None:
     """Two mu-law sessions: a frame is 80 ms (640 bytes) whatever its size, and the frame the
     resampler holds back at the end is neither lost nor counted against coverage."""
