@@ -258,7 +258,9 @@ def test_moshi_client_unmodified(
         assert cur.agent_codes == prev.user_codes, f"frame {cur.frame_index}"  # the parrot, one late
     assert len({s.user_codes for s in steps}) > 10  # speech went in, not silence
     report = replay_logic(log)
-    assert report.complete and report.identical and report.frames_in == len(steps)
+    # The client is cancelled TAIL_S after its input ends: frames still queued on a busy host
+    # then were never stepped (5 of 56 in one fresh-clone run).
+    assert report.complete and report.identical and len(steps) <= report.frames_in
 
 
 def test_moshi_client_negative_control(
