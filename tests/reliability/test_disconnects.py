@@ -37,19 +37,22 @@ OUTBOX_EVENTS = 64
 TCP_USER_TIMEOUT_S = 15.0
 
 
+# The module's limits, on both of its servers.
+EDGE_ARGS = (
+    "--max-sessions",
+    "4",
+    "--idle-timeout",
+    str(IDLE_TIMEOUT_S),
+    "--outbox-events",
+    str(OUTBOX_EVENTS),
+    "--drain-timeout",
+    "2",  # the teardown is quicker when a connection is stuck (see the last test)
+)
+
+
 @pytest.fixture(scope="module")
 def edge_server(tmp_path_factory, parrot_dir):
-    server = start_server(
-        tmp_path_factory.mktemp("edge"),
-        "--max-sessions",
-        "4",
-        "--idle-timeout",
-        str(IDLE_TIMEOUT_S),
-        "--outbox-events",
-        str(OUTBOX_EVENTS),
-        "--drain-timeout",
-        "2",  # the teardown is quicker when a connection is stuck (see the last test)
-    )
+    server = start_server(tmp_path_factory.mktemp("edge"), *EDGE_ARGS)
     yield server
     server.stop()
 
@@ -67,14 +70,7 @@ STANDIN_STEP_MS = 20
 def standin_edge_server(tmp_path_factory):
     """``edge_server``'s limits on the stand-in engine (see :data:`STANDIN_STEP_MS`)."""
     server = start_server(
-        tmp_path_factory.mktemp("edge-standin"),
-        "--max-sessions",
-        "4",
-        "--idle-timeout",
-        str(IDLE_TIMEOUT_S),
-        "--outbox-events",
-        str(OUTBOX_EVENTS),
-        model=f"standin:{STANDIN_STEP_MS}",
+        tmp_path_factory.mktemp("edge-standin"), *EDGE_ARGS, model=f"standin:{STANDIN_STEP_MS}"
     )
     yield server
     server.stop()
