@@ -159,11 +159,15 @@ class SessionHandle:
         *,
         client_event_id: str | None = None,
         sample_rate_hz: int = SAMPLE_RATE,
+        now: float | None = None,
     ) -> bool:
         """:meth:`append_bytes` when it would not wait (the connection's fast path for small
-        appends); False, nothing queued, when it would."""
+        appends); False, nothing queued, when it would. ``now``: the trio clock at its arrival,
+        when the caller read it."""
         try:
-            queued = self._actor.send_append_nowait(r.Append(audio, format, client_event_id, sample_rate_hz))
+            queued = self._actor.send_append_nowait(
+                r.Append(audio, format, client_event_id, sample_rate_hz), now
+            )
         except trio.ClosedResourceError:
             raise trio.ClosedResourceError(f"session {self.session_id} has ended") from None
         if queued:

@@ -286,10 +286,11 @@ class SessionActor:
         if self.inbox.put_command_nowait(record) is None:
             raise RuntimeError(f"session {self.session_id}: the inbox is full")
 
-    def send_append_nowait(self, record: r.Append) -> bool:
+    def send_append_nowait(self, record: r.Append, now: float | None = None) -> bool:
         """Queue an append when that needs no wait (room in the inbox, the backlog within its
         soft budget or the append past the hard limit, see :meth:`wait_for_input_room`);
-        False, nothing queued, otherwise."""
+        False, nothing queued, otherwise. ``now``: the trio clock at its arrival (read here
+        when None)."""
         samples = input_samples(record)
         limits = self.core.limits
         backlog = self.core.buffered_samples + self._queued_input
@@ -297,16 +298,18 @@ class SessionActor:
             return False
         if self.inbox.closed:
             raise trio.ClosedResourceError("the session has ended")
+        if now is None:
+            now = trio.current_time()
         if self._can_handle_now(RECORDS_PER_APPEND):
             self.inbox.count_handled_command()
             try:
-                self._append_now(record, trio.current_time())
+                self._append_now(record, now)
             except Exception as exc:
                 self._crashed(exc)
             self._commands_done = self.inbox.commands_taken
             self._progressed()
             return True
-        if self.inbox.put_command_nowait(Arrived(record, trio.current_time())) is None:
+        if self.inbox.put_command_nowait(Arrived(record, now)) is None:
             return False
         self._queued_input += samples
         return True

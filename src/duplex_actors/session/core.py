@@ -106,7 +106,10 @@ class ConfigRefused(CodedError, ValueError):
 def input_samples(record: r.Append) -> int:
     """The append's length in 24 kHz samples, before resampling (one byte of G.711 at 8 kHz is
     3 of them): what the input bounds count."""
-    return len(record.audio) * SAMPLE_RATE // (max(record.sample_rate_hz, 1) * _width(record.format))
+    rate = record.sample_rate_hz
+    if rate == SAMPLE_RATE:  # every frame's case: the same floor, without the products
+        return len(record.audio) // FORMATS.get(record.format, 1)
+    return len(record.audio) * SAMPLE_RATE // (max(rate, 1) * _width(record.format))
 
 
 ALIGNMENT_MODES: Final = ("server", "client", "off")  # session config duplex.alignment
@@ -785,9 +788,11 @@ class SessionCore:
         with ``input_backpressure``, else None. A read-only query (a pure function of the
         state): the shell asks it before logging, so refused audio never reaches the log, and
         applying the record it returns emits exactly the error applying ``record`` would."""
-        if len(record.audio) == 0 or self.state not in (State.OPEN, State.RESPONDING):
+        state = self.state
+        if not record.audio or (state is not State.OPEN and state is not State.RESPONDING):
             return None
-        if self.buffered_samples + input_samples(record) <= self.limits.max_buffered_samples:
+        buffered = self._fill + (self.frames_in - self.frames_stepped) * FRAME_SAMPLES  # buffered_samples
+        if buffered + input_samples(record) <= self.limits.max_buffered_samples:
             return None
         return r.Rejected(
             "input_audio_buffer.append",

@@ -21,6 +21,7 @@ import trio
 from werkzeug.datastructures import Headers
 from werkzeug.sansio.request import Request as SansIORequest
 
+from .channel_state import receiver_waits_idle
 from .dialects import WireMessage
 
 # An ASGI message of ours: several WebSocket messages (str or bytes) in one write.
@@ -100,7 +101,10 @@ class AsgiWebSocket:
         self.accepted = False
         self.closed = False
         self.disconnect_code: int | None = None  # the client's close code (1006: dropped)
+        # Cancelled only by :meth:`disconnected` (it has no deadline), which also sets the flag
+        # that the per-message check reads (``cancel_called`` reads the clock on each call).
         self.cancel_scope = trio.CancelScope()
+        self._disconnected = False
         self._channel: trio.MemoryReceiveChannel[Any] | None = (
             channel if isinstance(channel, trio.MemoryReceiveChannel) else None
         )
@@ -120,11 +124,7 @@ class AsgiWebSocket:
         while True:
             message: dict[str, Any] | None = None
             nowait = self._receive_nowait
-            if (
-                nowait is not None
-                and self._nowait_run < MAX_NOWAIT_RECEIVES
-                and not self.cancel_scope.cancel_called
-            ):
+            if nowait is not None and self._nowait_run < MAX_NOWAIT_RECEIVES and not self._disconnected:
                 try:
                     message = nowait()
                     self._nowait_run += 1
@@ -182,10 +182,9 @@ class AsgiWebSocket:
 
     def _offer(self, message: WireMessage) -> bool:
         handler, channel = self._direct, self._channel
-        if handler is None or channel is None or self.cancel_scope.cancel_called:
+        if handler is None or channel is None or self._disconnected:
             return False
-        stats = channel.statistics()
-        if not stats.tasks_waiting_receive or stats.current_buffer_used:
+        if not receiver_waits_idle(channel):
             return False  # the reader is busy, or messages wait for it: this one queues too
         return handler(message)
 
@@ -200,6 +199,7 @@ class AsgiWebSocket:
         handler is cancelled (its session closes ``disconnect``, or a resumable one detaches)."""
         if self.disconnect_code is None:
             self.disconnect_code = self.scope.get(CLIENT_CLOSE_CODE_SCOPE, code)
+        self._disconnected = True
         self.cancel_scope.cancel()
 
     async def reply(self, rendered: RenderedReply) -> None:

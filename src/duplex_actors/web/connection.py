@@ -47,6 +47,7 @@ from ..session import events as ev
 from ..session.journal import CursorAhead
 from .asgi_ws import NOT_SENT, PENDING
 from .budget import InputBudget, RateLimits
+from .channel_state import receiver_waits_idle
 from .dialects import (
     AppendCommand,
     Dialect,
@@ -500,8 +501,7 @@ class Connection:
         server drains, the socket is closing or cannot take a write now, or one ends the session."""
         if self.draining or self._closed_code is not None:
             return False
-        stats = events.statistics()
-        if not stats.tasks_waiting_receive or stats.current_buffer_used:
+        if not receiver_waits_idle(events):
             return False
         for event in emitted:
             if isinstance(event, ev.SessionClosed):
@@ -604,7 +604,7 @@ class Connection:
         if type(command) is not AppendCommand:
             return False
         try:
-            if not command.nowait(session):
+            if not command.nowait(session, now):
                 return False
         except trio.ClosedResourceError:
             pass  # the session ended meanwhile: the writer closes, as the reader would leave it

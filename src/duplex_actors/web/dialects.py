@@ -157,11 +157,16 @@ class AppendCommand:
             pad_ms=self.pad_ms,
         )
 
-    def nowait(self, session: SessionHandle) -> bool:
+    def nowait(self, session: SessionHandle, now: float | None = None) -> bool:
+        """``now``: the trio clock at the message's arrival, when the caller read it."""
         if self.pad_ms or self.samples_start is not None:
             return False  # two records in order, or a trim against the applied input: awaited
         return session.append_bytes_nowait(
-            self.audio, self.format, client_event_id=self.client_event_id, sample_rate_hz=self.sample_rate_hz
+            self.audio,
+            self.format,
+            client_event_id=self.client_event_id,
+            sample_rate_hz=self.sample_rate_hz,
+            now=now,
         )
 
 
@@ -398,6 +403,7 @@ class NativeDialect:
         self.max_message_bytes = max_message_bytes
         self.binary_output = False
         self.output: dict[str, Any] = {"binary_output": False}
+        self._format_of: tuple[Mapping[str, Any] | None, tuple[str, int]] = (None, ("", 0))
 
     def projection(self, session_id: str) -> Projection:
         from ..protocol.native import NativeProjection
@@ -412,7 +418,12 @@ class NativeDialect:
     def parse(self, data: WireMessage, config: Mapping[str, Any]) -> Command:
         if isinstance(data, bytes | bytearray | None):
             audio = parsing.parse_client_binary(bytes(data or b""), max_message_bytes=self.max_message_bytes)
-            fmt, rate = audio_formats.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
+            # A binary append takes the session's format: resolved once per session config (the
+            # core replaces its config object on every change, never edits it).
+            if config is not self._format_of[0]:
+                fmt_rate = audio_formats.resolve_input_format(pe.InputAudioBufferAppend(audio=""), config)
+                self._format_of = (config, fmt_rate)
+            fmt, rate = self._format_of[1]
             return AppendCommand(audio, fmt, rate)
         event = parsing.parse_client_text(data, dialect="native", max_message_bytes=self.max_message_bytes)
         if isinstance(event, pe.SessionUpdate):
