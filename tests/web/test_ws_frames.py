@@ -14,7 +14,7 @@ from wsproto.events import BytesMessage, CloseConnection, Event, Message, Ping, 
 from wsproto.utilities import RemoteProtocolError
 
 from duplex_actors.web.hardening import WSPROTO_UNMASK
-from duplex_actors.web.ws_frames import leading_messages, server_frame
+from duplex_actors.web.ws_frames import leading_messages, server_frame, unmask, unmask_in_python
 
 MAX_PAYLOAD = 70_000
 
@@ -163,3 +163,18 @@ def test_leading_messages_then_wsproto_is_wsproto(frames: list[bytes], cut: int)
 def test_server_frame_is_wsproto_s(message: str | bytes) -> None:
     event = TextMessage(data=message) if isinstance(message, str) else BytesMessage(data=message)
     assert server_frame(message) == Connection(ConnectionType.SERVER).send(event)
+
+
+@settings(max_examples=300)
+@given(payload=st.binary(max_size=9000), key=st.binary(min_size=4, max_size=4))
+def test_unmask_is_the_xor_of_the_repeated_key_with_or_without_the_c_mask(payload: bytes, key: bytes) -> None:
+    expected = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    assert unmask(payload, key) == expected
+    assert unmask_in_python(payload, key) == expected
+
+
+def test_the_c_mask_is_the_one_used() -> None:
+    """websockets is a dependency for its C mask: a build without it would cost every frame."""
+    from duplex_actors.web import ws_frames
+
+    assert ws_frames._c_apply_mask is not None
