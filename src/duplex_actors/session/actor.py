@@ -503,6 +503,9 @@ class SessionActor:
 
     def _to_log(self, record: r.Record, checked: bool) -> r.Record:
         """The record to log for ``record`` (``checked``: an append's ``refusal_for`` was asked)."""
+        kind = type(record)
+        if kind is r.Step or (checked and kind is r.Append):  # every frame's two: as they are
+            return record
         if isinstance(record, r.Append) and not checked:
             # Refused audio is logged as a small ``rejected`` record, never with its audio.
             return self.core.refusal_for(record) or record
@@ -525,6 +528,10 @@ class SessionActor:
         if isinstance(record, r.Step):  # every frame's: none of what follows but the epoch's count
             if counters is not None and record.epoch != self.core.epoch:
                 counters.dropped["stale_epoch"] += 1
+            return self.core.apply(record)
+        if type(record) is r.Append:  # every frame's other record: none of the cases below
+            if record.client_event_id is not None:
+                self.last_client_event_id = record.client_event_id
             return self.core.apply(record)
         event_id = getattr(record, "client_event_id", None)
         if event_id is not None:
