@@ -111,6 +111,22 @@ def test_frame_layout_is_the_documented_header() -> None:
     assert r.decode_payload(kind, frame[HEADER_SIZE:]) == r.Close(reason="timeout")
 
 
+def test_a_frame_is_the_header_then_the_covered_bytes_for_every_kind() -> None:
+    """encode_record's one join and running CRC give the frame the layout documents."""
+    audio = bytes(range(256)) * 15
+    recs = [
+        *every_kind(),
+        r.Step(3, 41, True, 7, " hi", tuple(range(2040, 2056)), (0, 4095, 4096, 70000), audio),
+        r.Append(audio, "pcm16", "evt_1", 24000),
+    ]
+    for seq, record in enumerate(recs):
+        kind, payload = r.encode_payload(record)
+        covered = struct.pack("<QB", seq, kind) + payload
+        assert (
+            encode_record(seq, record) == struct.pack("<II", len(payload), crc32c.crc32c(covered)) + covered
+        )
+
+
 @pytest.mark.parametrize("data", [b"", MAGIC])
 def test_empty_file_and_bare_magic_have_no_records(data: bytes) -> None:
     result = read_records(data)

@@ -366,11 +366,25 @@ def _step_json(record: Step) -> str | None:
     ):
         return None
     return (
-        f'{{"agent_codes":[{",".join(map(str, agent))}],"epoch":{record.epoch},'
+        f'{{"agent_codes":[{_codes_json(agent)}],"epoch":{record.epoch},'
         f'"frame_index":{record.frame_index},"ready":{"true" if record.ready else "false"},'
         f'"text_piece":{_json_string(piece)},"text_token":{record.text_token},'
-        f'"user_codes":[{",".join(map(str, user))}]}}'
+        f'"user_codes":[{_codes_json(user)}]}}'
     )
+
+
+# The decimal text of the audio codes (a codebook's 2048 entries and its special ones), looked
+# up instead of formatted: a step's 16-odd codes were the larger part of its record's encoding.
+_CODE_TEXT: Final = {code: str(code) for code in range(4096)}
+_code_text = _CODE_TEXT.__getitem__
+
+
+def _codes_json(codes: tuple[int, ...]) -> str:
+    """``codes`` (ints, as :func:`_step_json` checked) comma-separated, as ``str`` writes each."""
+    try:
+        return ",".join(map(_code_text, codes))
+    except KeyError:  # a code outside the table
+        return ",".join(map(str, codes))
 
 
 def _append_json(record: Append) -> str | None:
@@ -394,17 +408,26 @@ _json_string = json.encoder.encode_basestring_ascii
 
 def encode_payload(record: Record) -> tuple[int, bytes]:
     """``(kind, payload bytes)`` of a record."""
+    kind, head, blob = encode_payload_parts(record)
+    return kind, head + blob
+
+
+def encode_payload_parts(record: Record) -> tuple[int, bytes, bytes]:
+    """``(kind, head, blob)``: the payload of :func:`encode_payload` is ``head + blob`` (the
+    JSON with its length, then the record's bytes), kept apart so that the framing copies a
+    frame's audio once."""
     if type(record) is Step:
         step = _step_json(record)
         if step is not None:
             text = step.encode()
-            return Step.KIND, _JSON_LEN.pack(len(text)) + text + bytes(record.pcm16)
+            return Step.KIND, _JSON_LEN.pack(len(text)) + text, bytes(record.pcm16)
     elif type(record) is Append:
         append = _append_json(record)
         if append is not None:
             text = append.encode()
-            return Append.KIND, _JSON_LEN.pack(len(text)) + text + bytes(record.audio)
-    return generic_payload(record)
+            return Append.KIND, _JSON_LEN.pack(len(text)) + text, bytes(record.audio)
+    kind, payload = generic_payload(record)
+    return kind, payload, b""
 
 
 def generic_payload(record: Record) -> tuple[int, bytes]:

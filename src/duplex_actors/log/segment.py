@@ -27,7 +27,13 @@ import crc32c
 import numpy as np
 import numpy.typing as npt
 
-from duplex_actors.log.records import BY_KIND, PayloadError, Record, decode_payload, encode_payload
+from duplex_actors.log.records import (
+    BY_KIND,
+    PayloadError,
+    Record,
+    decode_payload,
+    encode_payload_parts,
+)
 
 MAGIC: Final = b"DUPLXLOG"
 SUFFIX: Final = ".dlog"
@@ -41,6 +47,8 @@ _COVERED_FROM: Final = 8
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
 _SEQ: Final = struct.Struct("<Q")
 _KIND: Final = struct.Struct("<B")
+_SEQ_KIND: Final = struct.Struct("<QB")
+_LENGTH_CRC: Final = struct.Struct("<II")
 
 
 class LogCorruption(Exception):
@@ -78,11 +86,15 @@ class ReadResult:
 
 def encode_record(seq: int, record: Record) -> bytes:
     """One frame: header and payload of ``record`` with sequence number ``seq``."""
-    kind, payload = encode_payload(record)
-    if len(payload) > MAX_PAYLOAD:
-        raise ValueError(f"record payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
-    covered = _SEQ.pack(seq) + _KIND.pack(kind) + payload
-    return struct.pack("<II", len(payload), crc32c.crc32c(covered)) + covered
+    kind, head, blob = encode_payload_parts(record)
+    length = len(head) + len(blob)
+    if length > MAX_PAYLOAD:
+        raise ValueError(f"record payload of {length} bytes exceeds {MAX_PAYLOAD}")
+    covered_head = _SEQ_KIND.pack(seq, kind) + head
+    crc = crc32c.crc32c(covered_head)
+    if blob:
+        crc = crc32c.crc32c(blob, crc)  # the CRC of covered_head + blob, without joining them
+    return b"".join((_LENGTH_CRC.pack(length, crc), covered_head, blob))
 
 
 def _checked_frame(data: bytes, offset: int) -> tuple[int, int, int] | str:
