@@ -135,6 +135,10 @@ _G711_DECODE: Final = {"g711_ulaw": ULAW_TO_PCM16, "g711_alaw": ALAW_TO_PCM16}
 _G711_ENCODE: Final = {"g711_ulaw": PCM16_TO_ULAW, "g711_alaw": PCM16_TO_ALAW}
 
 
+_PCM16: Final = np.dtype("<i2")
+_PCM16_SCALE: Final = np.float32(1 / 32768)
+
+
 def decode(data: bytes, fmt: str) -> npt.NDArray[np.float32]:
     """Decode mono audio at its own rate to float32; raises AudioError for a bad length or
     non-finite samples."""
@@ -143,7 +147,10 @@ def decode(data: bytes, fmt: str) -> npt.NDArray[np.float32]:
     if len(data) % width:
         raise AudioError(error_codes.BAD_AUDIO, f"{len(data)} bytes is not a whole number of {fmt} samples")
     if fmt == "pcm16":
-        samples: npt.NDArray[np.float32] = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        # One ufunc casts and scales (x / 32768 and x * 2**-15 are the same float32 values).
+        samples: npt.NDArray[np.float32] = np.multiply(
+            np.frombuffer(data, dtype=_PCM16), _PCM16_SCALE, dtype=np.float32
+        )
         return samples
     if fmt in _G711_DECODE:
         codes = np.frombuffer(data, dtype=np.uint8)

@@ -856,8 +856,10 @@ class SessionCore:
     def _feed(
         self, samples: npt.NDArray[np.float32], start: int, end: int, out: list[Effect], *, pad: bool = False
     ) -> None:
-        """24 kHz samples (client positions ``start``..``end``; ``pad``: alignment zeros) into
-        the partial frame; each frame they complete is submitted (a copy: the buffer is reused)."""
+        """24 kHz samples (client positions ``start``..``end``; ``pad``: alignment zeros; the
+        caller's own array, which nothing else holds) into the partial frame; each frame they
+        complete is submitted: the array itself when it is exactly one frame and nothing is
+        partial, else a copy (the partial frame's buffer is reused)."""
         n = len(samples)
         if n:
             self._tail_marks.append((n, start, end))
@@ -867,17 +869,22 @@ class SessionCore:
         while at < n:
             fill = self._fill
             k = min(FRAME_SAMPLES - fill, n - at)
-            frame[fill : fill + k] = samples[at : at + k]
-            at += k
             self._fill_padded = self._fill_padded or pad
             if fill + k < FRAME_SAMPLES:
+                frame[fill : fill + k] = samples[at : at + k]
                 self._fill = fill + k
                 return
+            if fill:
+                frame[fill:] = samples[at : at + k]
+                whole = frame.copy()
+            else:
+                whole = samples if k == n else samples[at : at + k].copy()
+            at += k
             self._fill = 0
             if positions:
                 self._frame_ends[self.frames_in] = self._position_at(FRAME_SAMPLES)
             self._consume_marks(FRAME_SAMPLES)
-            self._submit(frame.copy(), out)
+            self._submit(whole, out)
 
     def _submit(self, frame: npt.NDArray[np.float32], out: list[Effect]) -> None:
         index = self.frames_in
