@@ -291,6 +291,8 @@ ACCEPTS: Final[Mapping[State, frozenset[type[Any]]]] = {
     State.ERROR: frozenset({r.Close}),
     State.CLOSED: frozenset({r.End}),
 }
+# SessionCore.apply takes these two first in the states of a live session.
+assert {r.Step, r.Append} <= ACCEPTS[State.OPEN] & ACCEPTS[State.RESPONDING]
 
 
 class SessionCore:
@@ -390,16 +392,19 @@ class SessionCore:
     # -- the state machine ---------------------------------------------------------------------
     def apply(self, record: r.Record) -> list[Effect]:
         out: list[Effect] = []
-        if type(record) not in ACCEPTS[self.state]:
+        # Every frame brings these two, ahead of the lookup in ACCEPTS (its State key hashes in
+        # Python) and the match (it tries its cases one by one): both live states accept both,
+        # and the exact type is checked, so no subclass takes this way.
+        state = self.state
+        if state is State.RESPONDING or state is State.OPEN:
+            if type(record) is r.Step:
+                self._step(record, out)
+                return out
+            if type(record) is r.Append:
+                self._append(record, out)
+                return out
+        if type(record) not in ACCEPTS[state]:
             self._refuse(record, out)
-            return out
-        # Every frame brings these two, ahead of the match (it tries its cases one by one); the
-        # record's exact type is one that ACCEPTS lists, so no subclass reaches the match either.
-        if type(record) is r.Step:
-            self._step(record, out)
-            return out
-        if type(record) is r.Append:
-            self._append(record, out)
             return out
         match record:
             case r.Header():
