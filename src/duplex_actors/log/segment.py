@@ -45,8 +45,6 @@ _COVERED_FROM: Final = 8
 # Largest payload a reader believes. Real records are a few KB (one 80 ms audio frame); the cap keeps
 # a garbage length from sending the reader (or the forward scan) across the whole file.
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
-_SEQ: Final = struct.Struct("<Q")
-_KIND: Final = struct.Struct("<B")
 _SEQ_KIND: Final = struct.Struct("<QB")
 _LENGTH_CRC: Final = struct.Struct("<II")
 
