@@ -335,7 +335,6 @@ class LogWriter:
         # (closes and flushes must never be refused). A deque and a parking lot, not a memory
         # channel: every frame queues two records, and the channel's send costs several times more.
         self._requests: collections.deque[_Request] = collections.deque()
-        self._requests_closed = False
         self._request_came = trio.lowlevel.ParkingLot()
         self._queued = 0
         self._room = trio.Event()  # set (and replaced) whenever queued records are taken
@@ -464,7 +463,7 @@ class LogWriter:
             self._urgent.set()
 
     def _enqueue(self, request: _Request) -> None:
-        if self._requests_closed:
+        if self._shut_down:
             raise LogClosed("the log writer is shut down")
         self._requests.append(request)
         if self._request_came:
@@ -477,7 +476,7 @@ class LogWriter:
         if self._requests:
             await trio.lowlevel.cancel_shielded_checkpoint()
         while not self._requests:
-            if self._requests_closed:
+            if self._shut_down:
                 return None
             await self._request_came.park()
         return self._requests.popleft()
@@ -660,7 +659,6 @@ class LogWriter:
     def _shutdown(self) -> None:
         self._shut_down = True
         self._probe_scope.cancel()
-        self._requests_closed = True
         self._request_came.unpark_all()
         self._urgent.set()
         self._room_made()  # nobody waits for room in a queue that takes no more
