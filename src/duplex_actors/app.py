@@ -100,13 +100,13 @@ from .web.hardening import (
     default_max_connections,
     end_oversize_streams,
     guard_connections,
+    install_unmask,
     open_connections,
     peer_error,
     raise_descriptor_limit,
     refuse_permessage_deflate,
     report_peer_error,
     send_many_in_one_write,
-    unmask_with_numpy,
 )
 from .web.page import install_page_routes
 from .web.resumable import ResumeSettings
@@ -955,7 +955,7 @@ def _guarded(config: ServerConfig) -> DuplexApp:
     holder: ModelHolder = quart_app.extensions["duplex_model"]
     refuse_permessage_deflate()
     end_oversize_streams()
-    unmask_with_numpy()
+    install_unmask()
     send_many_in_one_write()
     max_connections = config.max_connections
     if max_connections is None:

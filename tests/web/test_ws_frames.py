@@ -43,7 +43,7 @@ def frame(
 
 def wsproto_events(data: bytes) -> list[tuple[object, ...]]:
     """What a wsproto server connection makes of ``data`` (its error, if any, last), with
-    wsproto's own unmasking (the app installs ours in the process: hardening.unmask_with_numpy)."""
+    wsproto's own unmasking (the app installs ours in the process: hardening.install_unmask)."""
     installed = frame_protocol.XorMaskerSimple.process
     frame_protocol.XorMaskerSimple.process = WSPROTO_UNMASK  # type: ignore[method-assign]
     try:

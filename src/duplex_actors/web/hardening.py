@@ -126,8 +126,8 @@ WSPROTO_UNMASK = frame_protocol.XorMaskerSimple.process  # wsproto's own, before
 
 def _unmask(self: Any, data: bytearray) -> bytearray:
     """wsproto's ``XorMaskerSimple.process`` (same result, same key rotation) by
-    :func:`~.ws_frames.unmask`, a word at a time: every client frame is masked, and an 80 ms
-    audio append is several KB."""
+    :func:`~.ws_frames.unmask` (compiled): every client frame is masked, and an 80 ms audio
+    append is several KB."""
     n = len(data)
     if not n:
         return bytearray()
@@ -137,7 +137,7 @@ def _unmask(self: Any, data: bytearray) -> bytearray:
     return out
 
 
-def unmask_with_numpy() -> None:
+def install_unmask() -> None:
     """Install :func:`_unmask` in wsproto (process-wide, idempotent)."""
     frame_protocol.XorMaskerSimple.process = _unmask  # type: ignore[method-assign]
 
