@@ -108,7 +108,7 @@ def input_samples(record: r.Append) -> int:
     3 of them): what the input bounds count."""
     rate = record.sample_rate_hz
     if rate == SAMPLE_RATE:  # every frame's case: the same floor, without the products
-        return len(record.audio) // FORMATS.get(record.format, 1)
+        return len(record.audio) // _width(record.format)
     return len(record.audio) * SAMPLE_RATE // (max(rate, 1) * _width(record.format))
 
 
@@ -796,8 +796,7 @@ class SessionCore:
         state = self.state
         if not record.audio or (state is not State.OPEN and state is not State.RESPONDING):
             return None
-        buffered = self._fill + (self.frames_in - self.frames_stepped) * FRAME_SAMPLES  # buffered_samples
-        if buffered + input_samples(record) <= self.limits.max_buffered_samples:
+        if self.buffered_samples + input_samples(record) <= self.limits.max_buffered_samples:
             return None
         return r.Rejected(
             "input_audio_buffer.append",
