@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 
@@ -136,11 +136,12 @@ class SlotState:
     last_completed: float | None = None
     interval: float | None = None
 
-    def stepped_frame(self, completed: float) -> SlotState:
-        """This state having stepped a frame that completed at ``completed``."""
+    def stepped_frame(self, completed: float, **changes: Any) -> SlotState:
+        """This state having stepped a frame that completed at ``completed``, with ``changes``
+        (one ``attrs.evolve``: the grid makes one per stepped slot per tick)."""
         last = self.last_completed
         return attrs.evolve(
-            self, last_completed=completed, interval=None if last is None else completed - last
+            self, last_completed=completed, interval=None if last is None else completed - last, **changes
         )
 
 
@@ -611,8 +612,8 @@ class GridPolicy:
                     start_backlog, debt = st.start_backlog - 1, st.debt
                 else:
                     start_backlog, debt = 0, max(0, st.debt - 1)
-                slots[i] = attrs.evolve(
-                    st.stepped_frame(completed[i]),
+                slots[i] = st.stepped_frame(
+                    completed[i],
                     debt=debt,
                     start_backlog=start_backlog,
                     catchups=recent,
@@ -676,8 +677,8 @@ class GridPolicy:
                 if stable >= self.stable_backlog_ticks:
                     debt, stable = max(debt, 1), 0
                 lags = (*st.lags, tick_at - s.frames[0])
-                st = attrs.evolve(
-                    st.stepped_frame(s.frames[0]),
+                st = st.stepped_frame(
+                    s.frames[0],
                     streak=st.streak + 1,
                     debt=debt,
                     caught_up=False,
