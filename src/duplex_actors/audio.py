@@ -139,15 +139,6 @@ _PCM16: Final = np.dtype("<i2")
 _PCM16_SCALE: Final = np.float32(1 / 32768)
 
 
-def _pcm16_samples(data: bytes) -> npt.NDArray[np.float32]:
-    """PCM16 LE (a whole number of samples: the caller checked) as float32. One ufunc casts and
-    scales: x / 32768 and x * 2**-15 are the same float32 values."""
-    samples: npt.NDArray[np.float32] = np.multiply(
-        np.frombuffer(data, dtype=_PCM16), _PCM16_SCALE, dtype=np.float32
-    )
-    return samples
-
-
 def decode(data: bytes, fmt: str) -> npt.NDArray[np.float32]:
     """Decode mono audio at its own rate to float32; raises AudioError for a bad length or
     non-finite samples."""
@@ -156,7 +147,11 @@ def decode(data: bytes, fmt: str) -> npt.NDArray[np.float32]:
     if len(data) % width:
         raise AudioError(error_codes.BAD_AUDIO, f"{len(data)} bytes is not a whole number of {fmt} samples")
     if fmt == "pcm16":
-        return _pcm16_samples(data)
+        # One ufunc casts and scales (x / 32768 and x * 2**-15 are the same float32 values).
+        samples: npt.NDArray[np.float32] = np.multiply(
+            np.frombuffer(data, dtype=_PCM16), _PCM16_SCALE, dtype=np.float32
+        )
+        return samples
     if fmt in _G711_DECODE:
         codes = np.frombuffer(data, dtype=np.uint8)
         samples = _G711_DECODE[fmt][codes].astype(np.float32) / 32768.0
@@ -190,10 +185,10 @@ class InputStream:
 
     def feed(self, data: bytes, fmt: str, rate: int) -> npt.NDArray[np.float32]:
         """Decode and resample one append; raises AudioError (nothing is consumed then)."""
-        if fmt == "pcm16" and rate == SAMPLE_RATE and self._rate == SAMPLE_RATE and not len(data) % 2:
-            return _pcm16_samples(data)  # every frame's case: no resampler, nothing to check
         check_rate(fmt, rate)
         samples = decode(data, fmt)
+        if rate == self._rate and self._stream is None:
+            return samples  # 24 kHz after 24 kHz (every frame's case): nothing to resample or flush
         out: list[npt.NDArray[np.float32]] = []
         if rate != self._rate:
             if self._stream is not None:
