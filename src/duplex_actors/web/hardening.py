@@ -126,8 +126,8 @@ WSPROTO_UNMASK = frame_protocol.XorMaskerSimple.process  # wsproto's own, before
 
 def _unmask(self: Any, data: bytearray) -> bytearray:
     """wsproto's ``XorMaskerSimple.process`` (same result, same key rotation) by
-    :func:`~.ws_frames.unmask` (compiled): every client frame is masked, and an 80 ms audio
-    append is several KB."""
+    :func:`~.ws_frames.unmask` (websockets' compiled ``apply_mask`` where it is built): every
+    client frame is masked, and an 80 ms audio append is several KB."""
     n = len(data)
     if not n:
         return bytearray()
