@@ -10,17 +10,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3.11}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 VENV=.venv
 STAMP=$VENV/.duplex-setup-stamp
-want=$( (cat pyproject.toml scripts/setup-venv.sh; echo "$TORCH_SPEC") | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml scripts/setup-venv.sh scripts/pick-python.sh; echo "$TORCH_SPEC ${PYTHON:-}") | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
     exit 0
 fi
 
+# The interpreter: PYTHON when given, otherwise the fastest Python 3.11 here (pick-python.sh).
+PYTHON=${PYTHON:-$(scripts/pick-python.sh)}
+PYTHON=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))')
 echo "setting up $VENV (python: $PYTHON, torch: $TORCH_SPEC)" >&2
+if [ -x "$VENV/bin/python" ]; then
+    made_from=$("$VENV/bin/python" -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null || true)
+    if [ "$made_from" != "$PYTHON" ]; then
+        echo "$VENV was made from ${made_from:-an interpreter that no longer runs}: making it again from $PYTHON" >&2
+        rm -rf "$VENV"
+    fi
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
