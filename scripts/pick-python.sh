@@ -12,6 +12,7 @@ set -euo pipefail
 
 probe='
 import os, sys, time
+assert sys.version_info[:2] == (3, 11), sys.version
 import ensurepip, venv  # noqa: F401 (it must be able to create a venv)
 def step(i, d):
     d[i & 255] = i
@@ -35,7 +36,7 @@ names=() versions=() ns=()
 for p in "${paths[@]}"; do
     [ -x "$p" ] || continue
     if ! out=$("$p" -c "$probe" 2>/dev/null); then
-        continue  # not 3.11-compatible, broken shim, or no venv/ensurepip
+        continue  # not 3.11, a broken shim, or no venv/ensurepip
     fi
     read -r exe version t <<<"$out"
     [ -n "${seen[$exe]:-}" ] && continue

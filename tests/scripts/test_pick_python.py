@@ -48,3 +48,19 @@ def test_a_broken_python_first_on_path_is_passed_over(tmp_path: Path) -> None:
     assert chosen != str(broken)
     assert _interpreter(chosen) == "True"
     assert str(broken) not in done.stderr
+
+
+def test_a_python311_name_running_another_version_is_passed_over(tmp_path: Path) -> None:
+    real = _pick(os.environ["PATH"]).stdout.strip()
+    other = tmp_path / "python3.11"
+    # a wrapper that runs the probe on an interpreter reporting 3.12
+    other.write_text(
+        "#!/bin/sh\n"
+        f"exec {real} -c \"import sys; sys.version_info = (3, 12, 0, 'final', 0); "
+        f"sys.version = '3.12.0 (other)'\n$2\"\n"
+    )
+    other.chmod(0o755)
+    done = _pick(f"{tmp_path}:{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    assert "(3.12.0)" not in done.stderr
+    assert _interpreter(done.stdout.strip()) == "True"
