@@ -84,9 +84,13 @@ class WS:
         reject: RejectConnection | None = None
         body = b""
         while True:
-            for event in self._events():
+            events = self._events()
+            for i, event in enumerate(events):
                 if isinstance(event, AcceptConnection):
                     self.headers = {k.decode().lower(): v.decode() for k, v in event.extra_headers}
+                    # What came in the same read as the 101 (session.created, when the client
+                    # was slow to read) is the session's first message: keep it.
+                    self._handle(events[i + 1 :])
                     return
                 if isinstance(event, RejectConnection):
                     reject = event
@@ -115,7 +119,10 @@ class WS:
             self.sock.sendall(self.conn.send(TextMessage(data=json.dumps(message))))
 
     def _pump(self) -> None:
-        for event in self._events():
+        self._handle(self._events())
+
+    def _handle(self, events: list[Any]) -> None:
+        for event in events:
             if isinstance(event, TextMessage):
                 self._text.append(event.data)
                 if event.message_finished:
