@@ -7,7 +7,9 @@
 # sets the server's CPU per frame: on the 2-core VM of BENCHMARKS.md ("Which CPython"), a pyenv
 # build without PGO or LTO, linked to a shared libpython, spent 1.2x Debian's python3.11 per
 # session-frame with the same code. The speed is measured, not read from the build's flags:
-# distributions build with PGO without saying so in sysconfig.
+# distributions build with PGO without saying so in sysconfig. The probe is dictionary and string
+# work, not bench/machine.py's python_call_ns (a bare call): the two builds here differ by
+# 1.6-1.8x on it and by only 1.19-1.35x on a bare call, too close to the margin to decide on.
 set -euo pipefail
 
 probe='
