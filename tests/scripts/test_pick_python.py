@@ -64,3 +64,22 @@ def test_a_python311_name_running_another_version_is_passed_over(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     assert "(3.12.0)" not in done.stderr
     assert _interpreter(done.stdout.strip()) == "True"
+
+
+def test_a_python_that_fails_its_second_probe_keeps_its_first(tmp_path: Path) -> None:
+    real = _pick(os.environ["PATH"]).stdout.strip()
+    flaky = tmp_path / "python3.11"
+    flag = tmp_path / "answered"
+    # answers the first probe as itself, then fails
+    flaky.write_text(
+        "#!/bin/sh\n"
+        f"if [ -f {flag} ]; then echo 'gone' >&2; exit 1; fi\n"
+        f"touch {flag}\n"
+        f"exec {real} -c \"import sys; sys.executable = '{flaky}'\n$2\"\n"
+    )
+    flaky.chmod(0o755)
+    done = _pick(f"{tmp_path}:{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    assert flag.exists()
+    assert f" {flaky} (3.11." in done.stderr
+    assert done.stdout.strip() in (str(flaky), real)
