@@ -170,12 +170,23 @@ class _FrontEnd:
         self.wake = trio.Event()
         self.proxies: dict[int, _Proxy] = {}
         self.status: wire.CoreStatus | None = None
-        self.input_acked = -1
+        self.input_acked = -1  # the input frames copied out, up to this seq
+        self.input_ack_sent = -1
         self.gathered: dict[int, tuple[trio.Event, list[Any]]] = {}
 
     def queue(self, item: tuple[Any, ...]) -> None:
         self.outgoing.append(item)
         self.wake.set()
+
+    def ack_input(self, seq: int) -> None:
+        """Input frames up to ``seq`` are copied out: the ``ACK`` rides with the next message
+        (this tick's results), or goes now when half of the ring waits for it."""
+        self.input_acked = seq
+        if seq - self.input_ack_sent >= self.inputs.capacity // 2:
+            self.wake.set()
+
+    def status_changed(self) -> bool:
+        return not self.core.status().same_as(self.status)
 
     def result(self, slot: int, result: StepResult) -> None:
         out = result.output
@@ -202,9 +213,12 @@ class _FrontEnd:
             await self.wake.wait()
             self.wake = trio.Event()
             status = self.core.status()
-            if status != self.status:
+            if not status.same_as(self.status):
                 self.status = status
                 self.outgoing.append((wire.STATUS, status))
+            if self.input_acked > self.input_ack_sent:
+                self.input_ack_sent = self.input_acked
+                self.outgoing.append((wire.ACK, self.input_acked))
             if not self.outgoing:
                 continue
             items, self.outgoing = self.outgoing, []
@@ -356,7 +370,8 @@ class EngineCore:
                 return
             for items in messages:
                 self._handle(frontend, items, nursery)
-            frontend.wake.set()  # replies, acks, a status that changed
+            if frontend.status_changed():  # replies and acks wake the writer themselves
+                frontend.wake.set()
 
     def _handle(self, frontend: _FrontEnd, items: Sequence[tuple[Any, ...]], nursery: trio.Nursery) -> None:
         scheduler = self.scheduler
@@ -404,8 +419,7 @@ class EngineCore:
             else:
                 log.warning("front end %d: unknown item %r", frontend.id, kind)
         if acked > frontend.input_acked:
-            frontend.input_acked = acked
-            frontend.queue((wire.ACK, acked))
+            frontend.ack_input(acked)
 
     def _admit(self, frontend: _FrontEnd, request_id: int) -> None:
         try:

@@ -141,7 +141,8 @@ class CoreLink:
         self._released: dict[int, trio.Event] = {}
         self._resets: dict[int, int] = {}  # slot -> epoch of its reset not yet applied
         self._resets_changed = trio.Event()
-        self._output_acked = -1
+        self._output_acked = -1  # the output frames copied out, up to this seq
+        self._output_ack_sent = -1
         self.status = wire.CoreStatus(hello.slots, hello.slots, 0, None)
         self._grid: Grid | None = None
         self._grid_key: tuple[float | None, frozenset[int]] = (None, frozenset())
@@ -294,6 +295,9 @@ class CoreLink:
             for _ in range(COALESCE_ROUNDS):
                 await trio.lowlevel.cancel_shielded_checkpoint()
             self._wake = trio.Event()
+            if self._output_acked > self._output_ack_sent:
+                self._output_ack_sent = self._output_acked
+                self._outgoing.append((wire.ACK, self._output_acked))
             if not self._outgoing:
                 continue
             items, self._outgoing = self._outgoing, []
@@ -387,8 +391,10 @@ class CoreLink:
             else:
                 log.warning("engine core link: unknown item %r", kind)
         if acked > self._output_acked:
+            # The ACK rides with the next frames, or goes now when half of the ring waits for it.
             self._output_acked = acked
-            self._queue((wire.ACK, acked))
+            if acked - self._output_ack_sent >= output.capacity // 2:
+                self._wake.set()
 
     def _fail_everything(self) -> None:
         exc = self.failed or CoreUnavailable("the engine core is gone")

@@ -16,7 +16,8 @@ Front end -> core:
 at, seq_or_bytes)``                                  when the session submitted it)
 ``(RESET, slot, epoch, prompt)``                     a fresh context for ``epoch`` (prompt or None)
 ``(RELEASE, slot)``                                  the session ended: reset and free, ``RELEASED``
-``(ACK, seq)``                                       output frames up to ``seq`` are copied out
+``(ACK, seq)``                                       output frames up to ``seq`` are copied out (see
+                                                     below)
 ``(GATHERED, request_id, snapshot)``                 this front end's counters, for a ``GATHER``
 ``(METRICS, request_id)``                            every front end's counters and the core's
 ===================================================  ===============================================
@@ -38,11 +39,18 @@ seq_or_bytes)``
 ``(RESET_FAILED, slot, code, message)``              the engine could not reset it
 ``(STEP_FAILED, slot, message)``                     a step with this slot's frame raised
 ``(RELEASED, slot)``                                 the slot is reset and free
-``(ACK, seq)``                                       input frames up to ``seq`` are copied out
+``(ACK, seq)``                                       input frames up to ``seq`` are copied out (see
+                                                     below)
 ``(STATUS, CoreStatus)``                             admission state and the grid, when they change
+                                                     (:meth:`CoreStatus.same_as`)
 ``(GATHER, request_id)``                             send your counters (``GATHERED``)
 ``(METRICS, request_id, CoreMetrics)``               the answer to ``METRICS``
 ===================================================  ===============================================
+
+An ``ACK`` is not a message of its own: it rides with the next message the other way (the
+front end's frames of the next tick, the core's results of this one), unless half of its ring
+waits for it; then it goes at once. In a steady stream of ticks, the core sends each front end
+one message per tick and the front end sends the core its frames.
 """
 
 from __future__ import annotations
@@ -124,6 +132,22 @@ class CoreStatus:
     grid_origin: float | None = None
     grid_period: float = 0.080
     grid_held: frozenset[int] = frozenset()
+
+    def same_as(self, other: CoreStatus | None) -> bool:
+        """The same status for a front end: every field equal, the grid's origin within
+        :data:`ORIGIN_TOLERANCE_S`."""
+        if other is None:
+            return False
+        mine, theirs = self.grid_origin, other.grid_origin
+        if mine is None or theirs is None:
+            return self == other
+        return abs(mine - theirs) <= ORIGIN_TOLERANCE_S and attrs.evolve(other, grid_origin=mine) == self
+
+
+# The core reads its trio clock and time.monotonic() one after the other to give the grid's
+# origin on the machine's clock, so the same origin comes out a microsecond or two apart from
+# one reading to the next: a status whose origin moved less than this is not sent again.
+ORIGIN_TOLERANCE_S = 1e-4
 
 
 @attrs.frozen(slots=True)
