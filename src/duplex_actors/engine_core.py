@@ -186,6 +186,7 @@ class _FrontEnd:
             self.wake.set()
 
     def status_changed(self) -> bool:
+        """The core's status differs from the one this front end was sent last."""
         return not self.core.status().same_as(self.status)
 
     def result(self, slot: int, result: StepResult) -> None:
@@ -370,7 +371,7 @@ class EngineCore:
                 return
             for items in messages:
                 self._handle(frontend, items, nursery)
-            if frontend.status_changed():  # replies and acks wake the writer themselves
+            if frontend.status_changed():  # replies wake the writer themselves; acks ride along
                 frontend.wake.set()
 
     def _handle(self, frontend: _FrontEnd, items: Sequence[tuple[Any, ...]], nursery: trio.Nursery) -> None:
