@@ -338,8 +338,10 @@ async def test_a_drop_right_after_a_cancel_resumes_the_new_response(resume_serve
 # -- tokens ----------------------------------------------------------------------------------------
 @asynccontextmanager
 async def dropped_session(server: ServerProcess, frames: int = 4) -> AsyncIterator[dict[str, Any]]:
-    """A resumable native session with ``frames`` frames sent and its connection dropped:
-    ``{"session_id", "token", "cursor", "received"}``."""
+    """A resumable native session with ``frames`` frames sent, their ``frames`` output frames
+    received (alignment off: one each), and its connection dropped: nothing reaches the session's
+    journal after the drop, so two resumes see the same journal. ``{"session_id", "token",
+    "cursor", "proxy"}``."""
     async with proxy_to(server.port) as proxy:
         async with connect(proxy.ws + "/v1/duplex", graceful=False) as c:
             await c.send(KINDS["native"].opening)
@@ -347,7 +349,7 @@ async def dropped_session(server: ServerProcess, frames: int = 4) -> AsyncIterat
             audio = track(frames)
             for i in range(frames):
                 await c.append(audio[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
-            await c.wait_until(lambda: c.output_frames() >= frames - 1)
+            await c.wait_until(lambda: c.output_frames() >= frames)
             await proxy.cut("rst")
             await c.wait_closed()
         yield {
