@@ -170,20 +170,11 @@ class _FrontEnd:
         self.wake = trio.Event()
         self.proxies: dict[int, _Proxy] = {}
         self.status: wire.CoreStatus | None = None
-        self.input_acked = -1  # the input frames copied out, up to this seq
-        self.input_ack_sent = -1
         self.gathered: dict[int, tuple[trio.Event, list[Any]]] = {}
 
     def queue(self, item: tuple[Any, ...]) -> None:
         self.outgoing.append(item)
         self.wake.set()
-
-    def ack_input(self, seq: int) -> None:
-        """Input frames up to ``seq`` are copied out: the ``ACK`` rides with the next message
-        (this tick's results), or goes now when half of the ring waits for it."""
-        self.input_acked = seq
-        if seq - self.input_ack_sent >= self.inputs.capacity // 2:
-            self.wake.set()
 
     def status_changed(self) -> bool:
         """The core's status differs from the one this front end was sent last."""
@@ -217,9 +208,9 @@ class _FrontEnd:
             if not status.same_as(self.status):
                 self.status = status
                 self.outgoing.append((wire.STATUS, status))
-            if self.input_acked > self.input_ack_sent:
-                self.input_ack_sent = self.input_acked
-                self.outgoing.append((wire.ACK, self.input_acked))
+            ack = self.inputs.ack_to_send()  # rides with this tick's results
+            if ack is not None:
+                self.outgoing.append((wire.ACK, ack))
             if not self.outgoing:
                 continue
             items, self.outgoing = self.outgoing, []
@@ -377,7 +368,7 @@ class EngineCore:
     def _handle(self, frontend: _FrontEnd, items: Sequence[tuple[Any, ...]], nursery: trio.Nursery) -> None:
         scheduler = self.scheduler
         inputs = frontend.inputs
-        acked = frontend.input_acked
+        copied = -1
         offset = trio.current_time() - time.monotonic()  # front ends stamp time.monotonic()
         for item in items:
             kind = item[0]
@@ -386,7 +377,7 @@ class EngineCore:
                 proxy = frontend.proxies.get(slot)
                 if isinstance(payload, int):
                     samples = inputs.get(payload)
-                    acked = max(acked, payload)
+                    copied = max(copied, payload)
                 else:
                     samples = np.frombuffer(payload, dtype=INPUT_DTYPE).copy()
                 if proxy is None:
@@ -419,8 +410,8 @@ class EngineCore:
                     waiting[0].set()
             else:
                 log.warning("front end %d: unknown item %r", frontend.id, kind)
-        if acked > frontend.input_acked:
-            frontend.ack_input(acked)
+        if copied >= 0 and inputs.copied(copied):
+            frontend.wake.set()
 
     def _admit(self, frontend: _FrontEnd, request_id: int) -> None:
         try:

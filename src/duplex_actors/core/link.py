@@ -141,8 +141,6 @@ class CoreLink:
         self._released: dict[int, trio.Event] = {}
         self._resets: dict[int, int] = {}  # slot -> epoch of its reset not yet applied
         self._resets_changed = trio.Event()
-        self._output_acked = -1  # the output frames copied out, up to this seq
-        self._output_ack_sent = -1
         self.status = wire.CoreStatus(hello.slots, hello.slots, 0, None)
         self._grid: Grid | None = None
         self._grid_key: tuple[float | None, frozenset[int]] = (None, frozenset())
@@ -295,9 +293,9 @@ class CoreLink:
             for _ in range(COALESCE_ROUNDS):
                 await trio.lowlevel.cancel_shielded_checkpoint()
             self._wake = trio.Event()
-            if self._output_acked > self._output_ack_sent:
-                self._output_ack_sent = self._output_acked
-                self._outgoing.append((wire.ACK, self._output_acked))
+            ack = self._output.ack_to_send()  # rides with these frames
+            if ack is not None:
+                self._outgoing.append((wire.ACK, ack))
             if not self._outgoing:
                 continue
             items, self._outgoing = self._outgoing, []
@@ -324,14 +322,14 @@ class CoreLink:
     def _handle(self, items: Sequence[tuple[Any, ...]]) -> None:
         output = self._output
         occupants = self._occupants
-        acked = self._output_acked
+        copied = -1
         for item in items:
             kind = item[0]
             if kind == wire.RESULT:
                 _, slot, epoch, frame_index, ready, token, piece, agent, user, payload = item
                 if isinstance(payload, int):
                     pcm16 = output.get_bytes(payload)
-                    acked = max(acked, payload)
+                    copied = max(copied, payload)
                 else:
                     pcm16 = payload
                 occupant = occupants.get(slot)
@@ -390,11 +388,8 @@ class CoreLink:
                 self._queue((wire.GATHERED, item[1], snapshot))
             else:
                 log.warning("engine core link: unknown item %r", kind)
-        if acked > self._output_acked:
-            # The ACK rides with the next frames, or goes now when half of the ring waits for it.
-            self._output_acked = acked
-            if acked - self._output_ack_sent >= output.capacity // 2:
-                self._wake.set()
+        if copied >= 0 and output.copied(copied):
+            self._wake.set()
 
     def _fail_everything(self) -> None:
         exc = self.failed or CoreUnavailable("the engine core is gone")

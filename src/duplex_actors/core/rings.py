@@ -3,8 +3,8 @@
 One ring carries one kind of frame one way: the front end's input frames (float32, 1920
 samples) to the core, the core's output frames (PCM16) back. The producer writes frame ``seq``
 at ``seq % capacity`` and names ``seq`` in its next message on the link; the consumer copies it
-out when it reads that message and acknowledges the highest ``seq`` it copied in a message the
-other way. The producer never writes past ``acked + capacity``: a full ring sends the frame
+out when it reads that message and acknowledges the highest ``seq`` it copied in its next message
+the other way (at once when half of the ring waits for that acknowledgement). The producer never writes past ``acked + capacity``: a full ring sends the frame
 inline in the message instead (no loss, just a copy more). The memory is a ``memfd`` whose
 descriptor the core passes to the front end over the link's socket (SCM_RIGHTS): nothing is
 named in /dev/shm and the kernel frees it when both have closed it.
@@ -38,6 +38,8 @@ class FrameRing:
         )
         self.written = 0  # producer: the next seq to write
         self.acked = 0  # producer: every seq below this one has been copied out
+        self._copied = -1  # consumer: every seq up to this one has been copied out
+        self._ack_sent = -1  # consumer: the last seq acknowledged to the producer
 
     @classmethod
     def create(cls, name: str, capacity: int, dtype: np.dtype[np.generic]) -> FrameRing:
@@ -71,6 +73,21 @@ class FrameRing:
 
     def get_bytes(self, seq: int) -> bytes:
         return bytes(self.frames[seq % self.capacity].tobytes())
+
+    def copied(self, seq: int) -> bool:
+        """Every frame up to ``seq`` is copied out. The acknowledgement rides with the next
+        message to the producer (:meth:`ack_to_send`); True when half of the ring waits for it,
+        so that it goes now."""
+        self._copied = max(self._copied, seq)
+        return self._copied - self._ack_sent >= self.capacity // 2
+
+    def ack_to_send(self) -> int | None:
+        """The seq to acknowledge in the message going to the producer now (None: nothing new
+        since the last one)."""
+        if self._copied <= self._ack_sent:
+            return None
+        self._ack_sent = self._copied
+        return self._copied
 
     def close(self) -> None:
         self.frames = np.empty((0, FRAME_SAMPLES), dtype=self.dtype)
