@@ -53,12 +53,11 @@ if [ "${#names[@]}" -eq 0 ]; then
 fi
 
 # A second measurement of each, in turn, so that one slow moment of a shared machine does not
-# decide; each keeps its best.
-# One that fails this time keeps its first figure.
+# decide; each keeps its best (its first when this one fails).
 for i in "${!names[@]}"; do
-    t=$("${names[$i]}" -c "$probe" 2>/dev/null | awk '{print $NF}') || true
-    if [ -n "$t" ] && [ "$t" -lt "${ns[$i]}" ]; then
-        ns[$i]=$t
+    if out=$("${names[$i]}" -c "$probe" 2>/dev/null); then
+        read -r _ _ t <<<"$out"
+        [ "$t" -lt "${ns[$i]}" ] && ns[$i]=$t
     fi
 done
 
