@@ -264,6 +264,20 @@ async def test_cancelled_writer_still_commits_what_was_queued(tmp_path: Path) ->
     assert log.closed
 
 
+async def test_a_writer_cancelled_while_its_batch_lingers_still_commits_it(tmp_path: Path) -> None:
+    with trio.CancelScope() as scope:
+        async with open_log_writer(tmp_path, linger_s=30.0) as writer:
+            log = writer.create("a")
+            for i in range(3):
+                log.append_nowait(step(i))
+            await trio.testing.wait_all_tasks_blocked()  # the writer took the log and lingers
+            assert log.durable_seq == -1 and writer.statistics().batches == 0
+            scope.cancel()
+            await trio.sleep_forever()
+    assert [seq for seq, _ in read_log(log.path).records] == [0, 1, 2]
+    assert log.closed
+
+
 async def test_inline_io_under_an_autojumping_mock_clock(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -1,9 +1,10 @@
 """The log writer actor: one task per process that writes every session's log with group commit.
 
 Sessions never wait for the disk. :meth:`SessionLog.append_nowait` numbers and encodes a record and
-queues it; the writer task takes everything queued, writes each file's share with plain ``os.write``
-and then calls ``os.fdatasync`` once per file for the whole batch, in worker threads, never on the
-event loop. Policies:
+queues it with its log's other pending records (the log itself waits in the writer's queue, once);
+the writer task takes everything queued, joins each file's records, writes them with plain
+``os.write`` and then calls ``os.fdatasync`` once per file for the whole batch, in worker threads,
+never on the event loop. Policies:
 
 * **Bounded queue.** At most ``max_queued`` records wait; one more raises :class:`LogBackpressure` and
   the record is not logged (its sequence number is not used); :meth:`SessionLog.wait_for_room` waits
@@ -133,7 +134,13 @@ class SessionLog:
         self._fd = fd
         self._next_seq = 0
         self._durable_seq = -1
-        self._durable = trio.Event()  # set (and replaced) whenever durable_seq moves or the log ends
+        # Set (and replaced) when durable_seq moves or the log ends, while somebody waits on it.
+        self._durable = trio.Event()
+        self._durable_waiters = 0
+        # Records queued and not yet taken by a commit; the log is in the writer's queue while
+        # there are any (once: a commit takes a log's records together, with one join).
+        self._pending: list[bytes] = []
+        self._pending_last_seq = -1
         self._closing = False
         self._closed = trio.Event()
         self.failed: OSError | None = None
@@ -162,7 +169,15 @@ class SessionLog:
         """
         self._check_open()
         seq = self._next_seq
-        self._writer._enqueue_record(_Write(self, seq, encode_record(seq, record)))
+        data = encode_record(seq, record)
+        writer = self._writer
+        if writer._queued >= writer._max_queued:
+            raise LogBackpressure(f"log writer queue full ({writer._max_queued} records)")
+        if not self._pending:
+            writer._enqueue(self)
+        self._pending.append(data)
+        self._pending_last_seq = seq
+        writer._record_queued()
         self._next_seq = seq + 1
         return seq
 
@@ -201,12 +216,23 @@ class SessionLog:
             if self.closed:
                 raise LogClosed(f"session log {self.session_id} closed before record {seq}")
             self._writer._urgent.set()
-            await self._durable.wait()
+            self._durable_waiters += 1
+            try:
+                await self._durable.wait()
+            finally:
+                self._durable_waiters -= 1
         await trio.lowlevel.checkpoint()
 
     def _durable_moved(self) -> None:
-        self._durable.set()
-        self._durable = trio.Event()
+        # Nobody parks on the event without checking durable_seq first: unwaited, it stays.
+        if self._durable_waiters:
+            self._durable.set()
+            self._durable = trio.Event()
+
+    def _take_pending(self) -> tuple[list[bytes], int]:
+        """The records queued so far and the last one's sequence number; none are left."""
+        pending, self._pending = self._pending, []
+        return pending, self._pending_last_seq
 
     async def wait_closed(self) -> None:
         """Return once every appended record is written (and fsynced) and the file is closed.
@@ -231,13 +257,6 @@ class SessionLog:
 
 
 @attrs.frozen(slots=True)
-class _Write:
-    log: SessionLog
-    seq: int
-    data: bytes
-
-
-@attrs.frozen(slots=True)
 class _Close:
     log: SessionLog
 
@@ -247,7 +266,8 @@ class _Flush:
     done: trio.Event
 
 
-_Request = _Write | _Close | _Flush
+# A log in the queue stands for its pending records (SessionLog._pending).
+_Request = SessionLog | _Close | _Flush
 
 
 @attrs.define(slots=True)
@@ -454,10 +474,7 @@ class LogWriter:
         self._room.set()
         self._room = trio.Event()
 
-    def _enqueue_record(self, request: _Write) -> None:
-        if self._queued >= self._max_queued:
-            raise LogBackpressure(f"log writer queue full ({self._max_queued} records)")
-        self._enqueue(request)
+    def _record_queued(self) -> None:
         self._queued += 1
         if 2 * self._queued >= self._max_queued:
             self._urgent.set()
@@ -482,12 +499,14 @@ class LogWriter:
         return self._requests.popleft()
 
     async def _run(self) -> None:
+        first: _Request | None = None  # taken off the queue, not yet in a batch
         try:
             while (first := await self._next_request()) is not None:
                 if self._linger_s > 0 and not self._urgent.is_set():
                     with trio.move_on_after(self._linger_s):
                         await self._urgent.wait()
                 batch = [first, *self._take_queued()]
+                first = None
                 # Whoever set it waits for a record of this batch; later waiters set it again.
                 if self._urgent.is_set():
                     self._urgent = trio.Event()
@@ -500,6 +519,8 @@ class LogWriter:
             with trio.CancelScope(shield=True):
                 self._shutdown()
                 rest = self._take_queued()
+                if first is not None:  # cancelled while it lingered
+                    rest.insert(0, first)
                 if rest:
                     await self._commit(rest)
                 await self._close_remaining()
@@ -511,32 +532,32 @@ class LogWriter:
 
     async def _commit(self, batch: list[_Request]) -> None:
         jobs: dict[SessionLog, _FileJob] = {}
-        chunks: dict[SessionLog, list[bytes]] = {}
         flushes: list[trio.Event] = []
         for request in batch:
             if isinstance(request, _Flush):
                 flushes.append(request.done)
                 continue
-            log = request.log
+            if isinstance(request, _Close):
+                log, pending, last_seq = request.log, None, -1
+            else:
+                log = request
+                pending, last_seq = log._take_pending()
+                self._queued -= len(pending)
             if log.failed is not None or log.closed:
-                if isinstance(request, _Write):
-                    self._queued -= 1
-                    self._records_dropped += 1
+                if pending:
+                    self._records_dropped += len(pending)
                 continue
             job = jobs.get(log)
             if job is None:
                 job = jobs[log] = _FileJob(log, log._fd, b"", -1, 0, close=False, fsync=self._fsync)
-                chunks[log] = []
-            if isinstance(request, _Write):
-                self._queued -= 1
-                chunks[log].append(request.data)
-                job.last_seq = request.seq
-                job.records += 1
-            else:
+            if pending is None:
                 job.close = True
+            elif pending:
+                data = b"".join(pending)
+                job.data = job.data + data if job.data else data
+                job.last_seq = last_seq
+                job.records += len(pending)
         self._room_made()
-        for log, job in jobs.items():
-            job.data = b"".join(chunks[log])
         if any(job.data for job in jobs.values()):
             self._batches += 1
         await self._execute(list(jobs.values()))
