@@ -34,6 +34,11 @@ prints a marker, and the bench samples the server there:
 - the machine's speed as the interpreter sees it, just before the trial: nanoseconds per call
   of a function that returns at once (``python_call_ns``, column ``call ns``; bench/machine.py).
   A shared VM's host moves it by 3x between hours, and every CPU figure per message with it;
+- how much the host's caches cost this hour: the CPU of a pass over a working set shaped like a
+  front end's per-session state, back to back and after 80 ms of sleep (``touch_warm_us``,
+  ``touch_stale_us``, their ratio in column ``stale x``; ``stale_touch_us`` in bench/machine.py).
+  A front end touches each session once per frame, so its CPU per frame follows the stale pass,
+  which ``call ns`` (a loop that stays in the cache) does not see;
 - run-queue waits per tick (``/proc/.../schedstat``: time runnable but not on a CPU): the front
   ends' event loops, the engine core's main thread, and every thread of the client, whose
   receipt times are the latency's end (column ``rq loop/cli ms``).
@@ -87,7 +92,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from machine import machine_line, python_call_ns
+from machine import machine_line, python_call_ns, stale_touch_us
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -474,6 +479,7 @@ def trial(
     """One fresh server, one lean run of N sessions, the row."""
     other_before = wait_quiet(args.wait_quiet, args.wait_quiet_s, log) if args.wait_quiet > 0 else None
     call_ns = python_call_ns()
+    touch_warm_us, touch_stale_us = stale_touch_us()
     server = Server(model, slots or args.max_sessions or n, k, args.serve_args, workdir, args.server_cpus)
     marks: dict[str, tuple[float, float, dict[int, dict[str, Any]], dict[str, float | None]]] = {}
     client_snaps: dict[str, dict[int, dict[str, Any]]] = {}
@@ -564,6 +570,8 @@ def trial(
         else None,
         "other_cpu_pct_before": None if other_before is None else round(other_before, 1),
         "python_call_ns": round(call_ns, 1),
+        "touch_warm_us": round(touch_warm_us, 1),
+        "touch_stale_us": round(touch_stale_us, 1),
         "client_nice": client_nice[0] if client_nice else None,
         "server_ready_s": None if server.ready_s is None else round(server.ready_s, 2),
         "server": figures,
@@ -610,6 +618,7 @@ COLUMNS = (
     "other %",
     "rq loop/cli ms",
     "call ns",
+    "stale x",
 )
 
 
@@ -622,7 +631,12 @@ def row_cells(r: dict[str, Any]) -> list[str]:
         _f(r["other_cpu_pct"]),
         f"{_f(r.get('frontend_runqueue_ms_per_tick'), 2)}/{_f(r.get('client_runqueue_ms_per_tick'), 2)}",
         _f(r.get("python_call_ns")),
+        _f(_ratio(r.get("touch_stale_us"), r.get("touch_warm_us"))),
     ]  # fmt: skip
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -11,6 +11,7 @@ import datetime
 import importlib
 import os
 import platform
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,46 @@ def python_call_ns(calls: int = 300_000, rounds: int = 3) -> float:
             nothing()
         best = min(best, time.perf_counter() - start)
     return 1e9 * best / calls
+
+
+class _SessionPart:
+    """One of the small objects a front end keeps per session (a socket's, an actor's, a log's)."""
+
+    def __init__(self, i: int) -> None:
+        self.a = i
+        self.b = i + 1
+        self.c = str(i)
+
+
+def stale_touch_us(
+    pause_s: float = 0.08, sessions: int = 64, parts: int = 48, buffer_bytes: int = 8192, rounds: int = 5
+) -> tuple[float, float]:
+    """``(warm, stale)``: CPU µs of one pass over a working set shaped like a front end's
+    per-session state (``sessions`` x ``parts`` small objects and a copy of a ``buffer_bytes``
+    buffer each), passes back to back (the fastest of ``rounds``), and each after ``pause_s`` of
+    sleep (the median of ``rounds``), as a front end touches each session once per 80 ms frame.
+
+    On a shared VM, memory untouched for tens of milliseconds is evicted from the caches by the
+    host's other tenants, and the stale pass costs several times the warm one; how many times
+    moves from hour to hour, and the front end's CPU per frame moves with it
+    (:func:`python_call_ns`, whose loop stays in the cache, does not see it). About 1 s."""
+    groups = [([_SessionPart(i) for i in range(parts)], bytearray(buffer_bytes)) for _ in range(sessions)]
+
+    def one_pass() -> float:
+        start = time.thread_time()
+        total = 0
+        for objects, buffer in groups:
+            for part in objects:
+                total += part.a + part.b
+            total += len(bytes(buffer))
+        return (time.thread_time() - start) * 1e6
+
+    warm = min(one_pass() for _ in range(rounds))
+    stale = []
+    for _ in range(rounds):
+        time.sleep(pause_s)
+        stale.append(one_pass())
+    return warm, statistics.median(stale)
 
 
 def machine_line(*, libraries: Sequence[str] = ("torch", "moshi"), torch_threads: int | None = 1) -> str:

@@ -113,10 +113,11 @@ def test_one_trial_end_to_end(tmp_path: Path) -> None:
         "frontends", "frontend_us_per_frame", "frontend_main_thread_us_per_frame", "frontend_busiest_pct",
         "engine_cpu_ms_per_tick", "frontend_runqueue_ms_per_tick", "engine_runqueue_ms_per_tick",
         "client_runqueue_ms_per_tick",
-        "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "python_call_ns", "server", "cpu",
+        "client_us_per_frame", "client_send_lag_p99_ms", "other_cpu_pct", "python_call_ns", "touch_warm_us", "touch_stale_us", "server", "cpu",
     ):  # fmt: skip
         assert key in row, key
     assert row["coverage"] > 0 and row["frames"] > 0 and row["python_call_ns"] > 0
+    assert 0 < row["touch_warm_us"] and 0 < row["touch_stale_us"]
     assert row["client_nice"] == os.nice(0) + 2  # --client-nice 2, relative to this process
     assert row["step_ms"] >= 25.0  # the stand-in's step sleeps 25 ms: its wall time is no less
     assert row["lat_p50"] >= 25.0  # an output frame needs one step after its input arrived
