@@ -323,6 +323,19 @@ def metric(text: str, name: str) -> float:
     return float(m.group(1))
 
 
+async def wait_ready_status(server: ServerProcess, status: int, timeout: float = 10.0) -> None:
+    """Poll ``/ready`` until it answers ``status`` (a signal's effect is asynchronous: SIGUSR1
+    makes it 503, SIGUSR2 200 again, once the front end has handled it). With one front end
+    (``--frontends 1``) that answer is the whole server's."""
+    seen = 0
+    try:
+        with trio.fail_after(timeout):
+            while (seen := (await get_text(server, "/ready"))[0]) != status:
+                await trio.sleep(0.05)
+    except trio.TooSlowError:
+        raise AssertionError(f"/ready still {seen} after {timeout} s, not {status}") from None
+
+
 async def wait_idle(server: ServerProcess, timeout: float = 10.0) -> None:
     """Poll until every slot is free (``/ready`` and ``/metrics`` agree)."""
     status: int = 0

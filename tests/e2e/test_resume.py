@@ -20,7 +20,17 @@ from duplex_actors.replay.replayer import replay_logic
 
 from .conftest import ServerProcess, start_server
 from .fault_proxy import FaultProxy, proxy_to
-from .helpers import Client, connect, get_text, metric, pcm16, read_records, tone_and_noise, wait_idle
+from .helpers import (
+    Client,
+    connect,
+    get_text,
+    metric,
+    pcm16,
+    read_records,
+    tone_and_noise,
+    wait_idle,
+    wait_ready_status,
+)
 
 FRAME_BYTES = 3840  # 80 ms of pcm16 at 24 kHz
 FRAMES = 24
@@ -502,10 +512,11 @@ async def test_a_journal_gap_asks_for_a_resync_and_accept_gap_resumes(fresh_serv
 
 # -- the server around it ------------------------------------------------------------------------------
 async def test_a_paused_server_still_resumes_its_sessions_and_a_draining_one_closes_them(fresh_server):
-    server = fresh_server("--resume-grace-s", "10", "--max-sessions", "1")
+    # One front end, so that its /ready says when the signals have taken effect.
+    server = fresh_server("--resume-grace-s", "10", "--max-sessions", "1", "--frontends", "1")
     async with dropped_session(server) as session:
         server.proc.send_signal(signal.SIGUSR1)  # takes no new sessions
-        await trio.sleep(0.5)
+        await wait_ready_status(server, 503)
         async with connect(server.ws + "/v1/duplex", graceful=False) as refused:
             await refused.send({"type": "session.create", "session": OFF})
             await refused.wait_closed()
@@ -513,6 +524,7 @@ async def test_a_paused_server_still_resumes_its_sessions_and_a_draining_one_clo
         resumed = await try_resume(server, session)
         assert resumed.of_type("session.resumed")
     server.proc.send_signal(signal.SIGUSR2)
+    await wait_idle(server)  # /ready 200 again, and the resumed session's slot free
     async with dropped_session(server) as session:
         server.proc.send_signal(signal.SIGTERM)  # a drain closes a detached session at once
         assert await trio.to_thread.run_sync(lambda: server.proc.wait(timeout=15)) == 0
