@@ -188,9 +188,12 @@ class SessionHandle:
         """The next ``frames`` frames are a resumed client's re-sent input: never drained."""
         self._actor.undrainable_until = self.core.frames_in + frames
 
-    async def trim_resent(self, audio: bytes, format: str, start: int) -> bytes | None:
+    async def trim_resent(
+        self, audio: bytes, format: str, start: int, client_event_id: str | None = None
+    ) -> bytes | None:
         """Of an append that starts at client sample ``start``, what the session does not hold
-        yet (None: nothing). A start past what the session holds is refused (``input_gap``)."""
+        yet (None: nothing). A start past what the session holds is refused (``input_gap``,
+        naming the append's ``client_event_id``)."""
         await self.wait_handled()
         received = self.core.client_samples
         if start > received:
@@ -199,6 +202,7 @@ class SessionHandle:
                 error_codes.INPUT_GAP,
                 f"input_samples_start {start} is past the {received} samples the session holds: "
                 "re-send from input_samples_received",
+                client_event_id,
             )
             return None
         skip = (received - start) * FORMATS.get(format, 2)

@@ -511,6 +511,37 @@ async def test_a_journal_gap_asks_for_a_resync_and_accept_gap_resumes(fresh_serv
 
 
 # -- the server around it ------------------------------------------------------------------------------
+async def test_an_append_past_the_input_the_session_holds_is_refused_by_its_event_id(resume_server):
+    kind = KINDS["realtime"]
+    audio = base64.b64encode(track(2)).decode()
+    async with connect(resume_server.ws + kind.path) as c:
+        await c.send(kind.opening)
+        await c.wait_for("session.updated")
+        await c.send(
+            {
+                "type": "input_audio_buffer.append",
+                "event_id": "ev-gap",
+                "audio": audio,
+                "input_samples_start": 3281,
+            }
+        )
+        await c.send({"type": "session.heartbeat", "event_id": "fence"})
+        await c.wait_for("session.heartbeat_ack")
+        (refused,) = c.errors()
+        assert refused["error"]["code"] == "input_gap" and refused["error"]["event_id"] == "ev-gap"
+        # From the samples it holds (none yet), the same audio is taken.
+        await c.send(
+            {
+                "type": "input_audio_buffer.append",
+                "event_id": "ev-ok",
+                "audio": audio,
+                "input_samples_start": 0,
+            }
+        )
+        await c.wait_until(lambda: c.output_frames() >= 2, what="the frames of the append that was taken")
+        assert len(c.errors()) == 1
+
+
 async def test_a_paused_server_still_resumes_its_sessions_and_a_draining_one_closes_them(fresh_server):
     # One front end, so that its /ready says when the signals have taken effect.
     server = fresh_server("--resume-grace-s", "10", "--max-sessions", "1", "--frontends", "1")

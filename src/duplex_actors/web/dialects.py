@@ -145,7 +145,9 @@ class AppendCommand:
     async def __call__(self, session: SessionHandle) -> None:
         audio = self.audio
         if self.samples_start is not None:
-            trimmed = await session.trim_resent(self.audio, self.format, self.samples_start)
+            trimmed = await session.trim_resent(
+                self.audio, self.format, self.samples_start, self.client_event_id
+            )
             if trimmed is None:
                 return  # the session holds all of it already
             audio = trimmed
