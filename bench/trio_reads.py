@@ -1,9 +1,11 @@
 """What trio's scheduling of one socket read costs: N sockets each read by its own task (as
 hypercorn reads each connection) against one task that reads every ready socket through a
 private epoll. CPU time of the event loop's thread per message; the writer is a thread of the
-same process, as bursty as aligned clients (one small message to every socket, every 10 ms).
+same process, as bursty as aligned clients (one small message to every socket, every
+``--period-ms``: 10 by default; 80, a frame's period, leaves every socket's task and buffers a
+frame old at each message, as in a served front end).
 
-    .venv/bin/python bench/trio_reads.py [--sockets 64] [--rounds 400]
+    .venv/bin/python bench/trio_reads.py [--sockets 64] [--rounds 400] [--period-ms 10]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 import trio
 
 
-def measure(mode: str, sockets: int, rounds: int) -> float:
+def measure(mode: str, sockets: int, rounds: int, period_s: float = 0.01) -> float:
     pairs = [socket.socketpair() for _ in range(sockets)]
     for a, b in pairs:
         a.setblocking(False)
@@ -48,7 +50,7 @@ def measure(mode: str, sockets: int, rounds: int) -> float:
         for _ in range(rounds):
             for _, b in pairs:
                 b.send(b"x" * 200)
-            time.sleep(0.01)
+            time.sleep(period_s)
 
     async def main() -> float:
         async with trio.open_nursery() as nursery:
@@ -78,9 +80,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sockets", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=400)
+    parser.add_argument("--period-ms", type=float, default=10.0, help="between two bursts")
     args = parser.parse_args()
     for mode in ("task-per-socket", "one-reader"):
-        print(f"{mode:16} {measure(mode, args.sockets, args.rounds):6.2f} µs per message (loop thread CPU)")
+        spent = measure(mode, args.sockets, args.rounds, args.period_ms / 1000)
+        print(f"{mode:16} {spent:6.2f} µs per message (loop thread CPU)")
 
 
 if __name__ == "__main__":
