@@ -136,7 +136,6 @@ class SessionLog:
         self._durable_seq = -1
         # Set (and replaced) when durable_seq moves or the log ends, while somebody waits on it.
         self._durable = trio.Event()
-        self._durable_waiters = 0
         # Records queued and not yet taken by a commit; the log is in the writer's queue while
         # there are any (once: a commit takes a log's records together, with one join).
         self._pending: list[bytes] = []
@@ -169,15 +168,7 @@ class SessionLog:
         """
         self._check_open()
         seq = self._next_seq
-        data = encode_record(seq, record)
-        writer = self._writer
-        if writer._queued >= writer._max_queued:
-            raise LogBackpressure(f"log writer queue full ({writer._max_queued} records)")
-        if not self._pending:
-            writer._enqueue(self)
-        self._pending.append(data)
-        self._pending_last_seq = seq
-        writer._record_queued()
+        self._writer._enqueue_record(self, seq, encode_record(seq, record))
         self._next_seq = seq + 1
         return seq
 
@@ -216,16 +207,12 @@ class SessionLog:
             if self.closed:
                 raise LogClosed(f"session log {self.session_id} closed before record {seq}")
             self._writer._urgent.set()
-            self._durable_waiters += 1
-            try:
-                await self._durable.wait()
-            finally:
-                self._durable_waiters -= 1
+            await self._durable.wait()
         await trio.lowlevel.checkpoint()
 
     def _durable_moved(self) -> None:
         # Nobody parks on the event without checking durable_seq first: unwaited, it stays.
-        if self._durable_waiters:
+        if self._durable.statistics().tasks_waiting:
             self._durable.set()
             self._durable = trio.Event()
 
@@ -474,7 +461,13 @@ class LogWriter:
         self._room.set()
         self._room = trio.Event()
 
-    def _record_queued(self) -> None:
+    def _enqueue_record(self, log: SessionLog, seq: int, data: bytes) -> None:
+        if self._queued >= self._max_queued:
+            raise LogBackpressure(f"log writer queue full ({self._max_queued} records)")
+        if not log._pending:
+            self._enqueue(log)
+        log._pending.append(data)
+        log._pending_last_seq = seq
         self._queued += 1
         if 2 * self._queued >= self._max_queued:
             self._urgent.set()
@@ -552,9 +545,8 @@ class LogWriter:
                 job = jobs[log] = _FileJob(log, log._fd, b"", -1, 0, close=False, fsync=self._fsync)
             if pending is None:
                 job.close = True
-            elif pending:
-                data = b"".join(pending)
-                job.data = job.data + data if job.data else data
+            elif pending:  # a log is queued once until a commit takes its records
+                job.data = b"".join(pending)
                 job.last_seq = last_seq
                 job.records += len(pending)
         self._room_made()
