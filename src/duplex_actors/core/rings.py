@@ -4,8 +4,9 @@ One ring carries one kind of frame one way: the front end's input frames (float3
 samples) to the core, the core's output frames (PCM16) back. The producer writes frame ``seq``
 at ``seq % capacity`` and names ``seq`` in its next message on the link; the consumer copies it
 out when it reads that message and acknowledges the highest ``seq`` it copied in its next message
-the other way (at once when half of the ring waits for that acknowledgement). The producer never writes past ``acked + capacity``: a full ring sends the frame
-inline in the message instead (no loss, just a copy more). The memory is a ``memfd`` whose
+the other way (at once when half of the ring waits for that acknowledgement). The producer never
+writes past ``acked + capacity``: a full ring sends the frame inline in the message instead (no
+loss, just a copy more). The memory is a ``memfd`` whose
 descriptor the core passes to the front end over the link's socket (SCM_RIGHTS): nothing is
 named in /dev/shm and the kernel frees it when both have closed it.
 """
