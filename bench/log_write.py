@@ -6,7 +6,15 @@ in a temp directory; every simulated 80 ms tick each session appends one Step (3
 Append (7680-byte float32 audio), then the tick awaits ``writer.flush()``, so one batch and one
 fdatasync per file per tick. Ticks run back to back, as fast as the disk allows.
 
+``--loop-periods-ms 5,80``: instead, the event loop's CPU per frame as a front end spends it on its
+logs: ``--sessions`` logs (the first figure of the list), each given its own append (3840-byte
+PCM16) and step every tick, the ticks that many ms apart (80: each session's records are a frame
+old at each frame, as served), fdatasync and the default commit linger; ``--loop-rounds`` runs
+of each period, alternating. Two figures per run: the appends alone (encoding and queueing) and
+everything the loop spent (the commits' work on the loop included).
+
     .venv/bin/python bench/log_write.py [--sessions 16,64] [--seconds 10] [--io-threads 1,4] [--dir DIR]
+    .venv/bin/python bench/log_write.py --sessions 64 --loop-periods-ms 5,80 [--loop-rounds 3]
 """
 
 from __future__ import annotations
@@ -98,6 +106,31 @@ async def group_commit(directory: Path, sessions: int, ticks: int, io_threads: i
     }
 
 
+async def loop_cpu(
+    directory: Path, name: str, sessions: int, ticks: int, period_s: float
+) -> tuple[float, float]:
+    """µs of the event loop's CPU per frame: the appends alone, and all of it (see the docstring)."""
+    steps = [[step(i) for i in range(8)] for _ in range(sessions)]
+    appends = [[r.Append(os.urandom(3840), "pcm16") for _ in range(8)] for _ in range(sessions)]
+    async with open_log_writer(directory) as writer:
+        logs = [writer.create(f"{name}-{n}") for n in range(sessions)]
+        await writer.flush()
+        appending = 0.0
+        start = time.thread_time()
+        for tick in range(ticks):
+            before = time.thread_time()
+            for n, log in enumerate(logs):
+                log.append_nowait(appends[n][tick % 8])
+                log.append_nowait(steps[n][tick % 8])
+            appending += time.thread_time() - before
+            await trio.sleep(period_s)
+        spent = time.thread_time() - start
+        for log in logs:
+            log.close_nowait()
+    frames = sessions * ticks
+    return 1e6 * appending / frames, 1e6 * spent / frames
+
+
 def filesystem(directory: Path) -> str:
     try:
         out = subprocess.run(["df", "-T", str(directory)], capture_output=True, text=True, check=True).stdout
@@ -112,11 +145,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="simulated seconds of ticks")
     parser.add_argument("--io-threads", default="1,4")
     parser.add_argument("--dir", type=Path, default=None, help="where the temp directory goes")
+    parser.add_argument("--loop-periods-ms", default="", help="e.g. 5,80: the loop's CPU per frame instead")
+    parser.add_argument("--loop-rounds", type=int, default=3)
     args = parser.parse_args()
     ticks = round(args.seconds / TICK_S)
     with tempfile.TemporaryDirectory(prefix="duplex-log-bench-", dir=args.dir) as tmp:
         directory = Path(tmp)
         print(f"{machine_line(libraries=())}; log dir on {filesystem(directory)} ({directory.parent}).")
+        if args.loop_periods_ms:
+            sessions = int(args.sessions.split(",")[0])
+            periods = [float(p) for p in args.loop_periods_ms.split(",")]
+            print(f"\n{sessions} logs, {ticks} ticks per run; event loop CPU per frame, µs")
+            print("\n| round | ms between ticks | appends | all of the loop |\n|---:|---:|---:|---:|")
+            for round_ in range(1, args.loop_rounds + 1):
+                for period in periods:
+                    name = f"loop-{round_}-{period:g}"
+                    appends_us, loop_us = trio.run(loop_cpu, directory, name, sessions, ticks, period / 1000)
+                    print(f"| {round_} | {period:g} | {appends_us:.1f} | {loop_us:.1f} |", flush=True)
+            return
         encode_us, write_us = per_frame(directory)
         print()
         print("| per frame (Step, 3840-byte pcm16) | µs |")
