@@ -477,3 +477,91 @@ async def test_a_send_without_an_await_leaves_what_the_socket_did_not_take_first
     finally:
         await stream.aclose()
         b.close()
+
+
+async def test_streaming_sockets_are_read_by_one_task_and_anything_else_takes_hypercorns_way():
+    """A WebSocket whose app takes messages at once parks its connection's task: the front
+    end's one reader reads its socket and offers each whole data frame to the app. What the
+    app leaves (a message it does not take), a ping, a fragmented message and the close go to
+    the connection's task and through hypercorn and wsproto as before, and streaming then goes
+    on through the reader. Every message reaches the app once, in order."""
+    from duplex_actors.web.asgi_ws import serve_websocket
+    from duplex_actors.web.hardening import guard_connections
+    from duplex_actors.web.shared_reader import shared_reader
+
+    from ..reliability.conftest import OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, RawWS, frame_bytes
+
+    got: list[tuple[str, bytes | str]] = []
+    taken_in: dict[bytes | str, str] = {}  # the task's name, per message taken at once
+    clients = 3
+
+    async def handler(ws: Any) -> None:
+        await ws.accept()
+
+        def take(message: bytes | str) -> bool:
+            if message in (b"queue me", b"bye"):
+                return False
+            taken_in[message] = trio.lowlevel.current_task().name
+            got.append(("at once", message))
+            return True
+
+        ws.receive_directly(take)
+        while True:
+            message = await ws.receive()
+            got.append(("queued", message))
+            if message == b"bye":
+                await ws.close(1000)
+                return
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _read_body_app(scope, receive, send)
+            return
+        await serve_websocket(scope, receive, send, handler, None)  # type: ignore[arg-type]
+
+    try:
+        async with trio.open_nursery() as nursery:
+            port, stop = await nursery.start(_serve_guarded, None, [], app)
+            sockets = [await RawWS.connect(port, "/") for _ in range(clients)]
+            assert all(ws.status == 101 for ws in sockets)
+            reader = shared_reader()
+            with trio.fail_after(5):
+                for i, ws in enumerate(sockets):
+                    await ws.send(frame_bytes(OP_BINARY, b"frame %d.0" % i))
+                while reader.parked < clients or len(got) < clients:
+                    await trio.sleep(0.01)
+            ws = sockets[0]
+            await ws.send(frame_bytes(OP_BINARY, b"frame 0.1") + frame_bytes(OP_BINARY, b"queue me"))
+            await ws.send(frame_bytes(OP_PING, b"still there?"))
+            assert await ws.recv_until(lambda frame: frame[0] == OP_PONG, timeout=5) == (
+                OP_PONG,
+                b"still there?",
+            )
+            await ws.send(frame_bytes(OP_BINARY, b"frag", fin=False) + frame_bytes(OP_CONT, b"mented"))
+            with trio.fail_after(5):
+                while reader.parked < clients or got[-1] != ("queued", b"fragmented"):
+                    await trio.sleep(0.01)
+                await trio.testing.wait_all_tasks_blocked(0.01)  # the app waits for its next message
+            await ws.send(frame_bytes(OP_BINARY, b"frame 0.2"))
+            await ws.send(frame_bytes(OP_BINARY, b"bye"))
+            await ws.recv_until(lambda frame: frame[0] == OP_CLOSE, timeout=5)
+            assert ws.close_code == 1000
+            for other in sockets:
+                await other.aclose()
+            with trio.fail_after(5):
+                while reader.parked:
+                    await trio.sleep(0.01)
+            stop.set()
+    finally:
+        guard_connections()
+    assert sorted(got[:clients]) == [("at once", b"frame %d.0" % i) for i in range(clients)]
+    assert got[clients:] == [
+        ("at once", b"frame 0.1"),
+        ("queued", b"queue me"),
+        ("queued", b"fragmented"),
+        ("at once", b"frame 0.2"),
+        ("queued", b"bye"),
+    ]
+    # The first messages may come before the app takes messages at once: read by their own
+    # connection's task then, which parks once it sees that the app does.
+    assert taken_in[b"frame 0.1"] == taken_in[b"frame 0.2"] == "duplex_actors.web.shared_reader"

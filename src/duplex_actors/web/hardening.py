@@ -24,8 +24,10 @@
 - A streaming client costs little per message: a read waits for the socket then reads once,
   the whole data frames it starts with go to the app without hypercorn's and wsproto's layers
   (``web/ws_frames.py``; anything else, from the first byte that is not such a frame, takes
-  their path), and the app's messages of a tick are framed and written in one write, without
-  the send lock and its scheduler round while no other send holds it. A message the app takes
+  their path). While the app takes messages at once, the connection's task does not read: one
+  task reads every such socket (``web/shared_reader.py``) and wakes a connection's task only
+  for what the app leaves. The app's messages of a tick are framed and written in one write,
+  without the send lock and its scheduler round while no other send holds it. A message the app takes
   without a task hop is offered to it as it is read (``DIRECT_RECEIVE_SCOPE``), and the app can
   write without an await (``send_now``): what the socket does not take then waits in the
   connection, and the next write under the send lock, or the FIN, sends it first.
@@ -44,6 +46,7 @@ import socket
 import sys
 import termios
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import attrs
@@ -71,6 +74,7 @@ from .asgi_ws import (
     SEND_NOW_SCOPE,
     SENT,
 )
+from .shared_reader import READ_FAILED, release_if_parked, shared_reader
 from .ws_frames import leading_messages, server_frame, unmask
 
 log = logging.getLogger(__name__)
@@ -430,8 +434,27 @@ async def _read_data(self: Any) -> None:
                         # A WebSocket's frames: no scope per read, and a wait then one read
                         # (trio's receive_some reads first, fails when the frame has not come,
                         # and takes a scheduler round after a read that succeeds).
-                        if sock.fileno() < 0:  # closed by another task (trio would say so)
+                        fd = sock.fileno()
+                        if fd < 0:  # closed by another task (trio would say so)
                             break
+                        if (ws := _streaming_websocket(self)) is not None:
+                            # The app takes its messages at once: the front end's one reader
+                            # reads this socket until a read leaves something to this task.
+                            take = partial(_take_at_once, ws, ws.connection, ws.buffer.max_length)
+                            left = await shared_reader().wait(fd, take)
+                            if left is READ_FAILED:
+                                break
+                            if left is _EOF:
+                                data = b""
+                            else:
+                                messages, data = left
+                                await _queue_messages(ws, messages)
+                                if not data:
+                                    continue
+                            await self.protocol.handle(RawData(data))
+                            if data == b"":
+                                break
+                            continue
                         await trio.lowlevel.wait_readable(sock)
                         try:
                             data = os.read(sock.fileno(), tcp_server.MAX_RECV)
@@ -464,6 +487,23 @@ async def _read_data(self: Any) -> None:
         await self.protocol.handle(Closed())
     finally:
         self._duplex_reader_done.set()
+
+
+def _release_socket(tcp: Any) -> None:
+    """Before the connection's socket is closed: the front end's one reader lets it go
+    (web/shared_reader.py), and wakes its task if it is parked there."""
+    sock = _plain_socket(tcp)
+    if sock is not None and (fd := sock.fileno()) >= 0:
+        release_if_parked(fd)
+
+
+_original_initiate_server_close = tcp_server.TCPServer._initiate_server_close
+
+
+async def _initiate_server_close(self: Any) -> None:
+    """hypercorn's close of an idle connection, which closes its socket itself."""
+    _release_socket(self)
+    await _original_initiate_server_close(self)
 
 
 def _open_websocket(tcp: Any) -> Any:
@@ -527,15 +567,59 @@ async def _deliver_leading_messages(ws: Any, data: bytes) -> bytes:
     # The app handles a message here when its reader waits with nothing queued (web/asgi_ws.py):
     # no task wakes for it. Once one is queued, the rest queue behind it.
     direct = ws.scope.get(DIRECT_RECEIVE_SCOPE)
+    for index, message in enumerate(messages):
+        if direct is None or not direct(message):
+            await _queue_messages(ws, messages[index:])
+            break
+    return data[used:] if used else data
+
+
+async def _queue_messages(ws: Any, messages: list[str | bytes]) -> None:
+    """Queue ``messages`` for the app, in order, as hypercorn would deliver them."""
     for message in messages:
-        if direct is not None and direct(message):
-            continue
-        direct = None
         if type(message) is str:
             await ws.app_put({"type": "websocket.receive", "bytes": None, "text": message})
         else:
             await ws.app_put({"type": "websocket.receive", "bytes": message, "text": None})
-    return data[used:] if used else data
+
+
+_EOF: Any = object()  # what :func:`_take_at_once` leaves to the connection's task at the peer's EOF
+
+
+def _streaming_websocket(tcp: Any) -> Any:
+    """The connection's WebSocket stream when the front end's one reader may read its socket:
+    :func:`_open_websocket`'s, and an app that takes messages at once (web/asgi_ws.py)."""
+    ws = _open_websocket(tcp)
+    if ws is None or ws.scope.get(DIRECT_RECEIVE_SCOPE) is None:
+        return None
+    return ws
+
+
+def _take_at_once(ws: Any, wsp: Any, max_payload: int, data: bytes) -> Any:
+    """A read of a streaming connection's socket, in the front end's one reader
+    (web/shared_reader.py): the app takes the messages of the whole data frames it starts with
+    at once, and None is returned (nothing for the connection's task); else what is left to
+    that task: ``(messages not taken, the rest of the bytes)``, or :data:`_EOF`.
+
+    Of :func:`_open_websocket`'s checks, only those the app can change are made again: every
+    read since the socket was parked went to the app whole, so nothing was fed to hypercorn or
+    wsproto, and nothing is pending in their buffers."""
+    if not data:
+        return _EOF
+    if ws.closed or ws.state is not _CONNECTED or wsp.state is not _OPEN:
+        return [], data
+    messages, used = leading_messages(data, max_payload)
+    direct = ws.scope.get(DIRECT_RECEIVE_SCOPE)
+    for index, message in enumerate(messages):
+        if direct is None or not direct(message):
+            return messages[index:], data[used:]
+    if used < len(data):
+        return [], data[used:]
+    return None
+
+
+_CONNECTED = ws_stream.ASGIWebsocketState.CONNECTED
+_OPEN = wsproto.connection.ConnectionState.OPEN
 
 
 async def _send_eof(self: Any) -> None:
@@ -611,6 +695,7 @@ async def _lingering_close(self: Any) -> None:
                 await _discard_until_eof(self.stream)
     finally:
         if not handed_to_reader:  # the read loop closes what it lingers over
+            _release_socket(self)
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
             _uncount(self)
@@ -684,6 +769,7 @@ def guard_connections(
     tcp_server.TCPServer.run = _guarded_tcp_run  # type: ignore[method-assign]
     tcp_server.TCPServer._read_data = _read_data  # type: ignore[method-assign]
     tcp_server.TCPServer._close = _lingering_close  # type: ignore[method-assign]
+    tcp_server.TCPServer._initiate_server_close = _initiate_server_close  # type: ignore[method-assign]
     task_group.TaskGroup.spawn_app = _spawn_app  # type: ignore[method-assign]
     _limits = limits or TransportLimits()
     _on_connection_error.clear()
