@@ -172,7 +172,7 @@ class AsgiWebSocket:
             await self._flush()
 
     def receive_directly(self, handler: Callable[[WireMessage], bool] | None) -> None:
-        """Offer each client message to ``handler`` (in the TCP server's task, True: handled)
+        """Offer each client message to ``handler`` (in the task that read it, True: handled)
         while the handler's reader waits in :meth:`receive` with nothing queued; None stops."""
         self._direct = handler
         if handler is None:

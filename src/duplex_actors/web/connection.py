@@ -550,7 +550,7 @@ class Connection:
             with trio.CancelScope() as idle:
                 self._idle = idle
                 while not session.closed:
-                    # After messages handled in the TCP server's task (:meth:`_receive_now`)
+                    # After messages handled in the task that read them (:meth:`_receive_now`)
                     # kept a receive waiting past its deadline, the next runs from the last.
                     start = self._direct_input_at if resumed else trio.current_time()
                     resumed = False
