@@ -564,14 +564,21 @@ async def _deliver_leading_messages(ws: Any, data: bytes) -> bytes:
     """Hand the app the messages of the whole data frames that ``data`` starts with, as
     hypercorn would; returns the rest, for hypercorn."""
     messages, used = leading_messages(data, ws.buffer.max_length)
-    # The app handles a message here when its reader waits with nothing queued (web/asgi_ws.py):
-    # no task wakes for it. Once one is queued, the rest queue behind it.
-    direct = ws.scope.get(DIRECT_RECEIVE_SCOPE)
-    for index, message in enumerate(messages):
-        if direct is None or not direct(message):
-            await _queue_messages(ws, messages[index:])
-            break
+    await _queue_messages(ws, messages[_taken_at_once(ws, messages) :])
     return data[used:] if used else data
+
+
+def _taken_at_once(ws: Any, messages: list[str | bytes]) -> int:
+    """How many of ``messages`` the app takes at once, in order. It takes a message when its
+    reader waits with nothing queued (web/asgi_ws.py): no task wakes for it. Once one is
+    queued, the rest queue behind it."""
+    direct = ws.scope.get(DIRECT_RECEIVE_SCOPE)
+    if direct is None:
+        return 0
+    for index, message in enumerate(messages):
+        if not direct(message):
+            return index
+    return len(messages)
 
 
 async def _queue_messages(ws: Any, messages: list[str | bytes]) -> None:
@@ -609,12 +616,9 @@ def _take_at_once(ws: Any, wsp: Any, max_payload: int, data: bytes) -> Any:
     if ws.closed or ws.state is not _CONNECTED or wsp.state is not _OPEN:
         return [], data
     messages, used = leading_messages(data, max_payload)
-    direct = ws.scope.get(DIRECT_RECEIVE_SCOPE)
-    for index, message in enumerate(messages):
-        if direct is None or not direct(message):
-            return messages[index:], data[used:]
-    if used < len(data):
-        return [], data[used:]
+    taken = _taken_at_once(ws, messages)
+    if taken < len(messages) or used < len(data):
+        return messages[taken:], data[used:]
     return None
 
 
