@@ -447,21 +447,20 @@ async def _read_data(self: Any) -> None:
                             if left is _EOF:
                                 data = b""
                             else:
+                                # What is left goes to hypercorn below, as it is: it starts
+                                # with no whole data frame, or the stream is no longer open.
                                 messages, data = left
                                 await _queue_messages(ws, messages)
                                 if not data:
                                     continue
-                            await self.protocol.handle(RawData(data))
-                            if data == b"":
+                        else:
+                            await trio.lowlevel.wait_readable(sock)
+                            try:
+                                data = os.read(sock.fileno(), tcp_server.MAX_RECV)
+                            except BlockingIOError:
+                                continue
+                            except OSError:
                                 break
-                            continue
-                        await trio.lowlevel.wait_readable(sock)
-                        try:
-                            data = os.read(sock.fileno(), tcp_server.MAX_RECV)
-                        except BlockingIOError:
-                            continue
-                        except OSError:
-                            break
                     elif deadline == math.inf:
                         data = await self.stream.receive_some(tcp_server.MAX_RECV)
                     else:

@@ -80,9 +80,7 @@ class SharedReader:
     def release(self, fd: int) -> None:
         """``fd`` is about to be closed: its parked task, if any, gets :data:`READ_FAILED` (a
         closed descriptor leaves the epoll without a word, and nothing would wake it)."""
-        parked = self._forget(fd)
-        if parked is not None:
-            trio.lowlevel.reschedule(parked.task, outcome.Value(READ_FAILED))
+        self._hand_back(fd, outcome.Value(READ_FAILED))
 
     def _forget(self, fd: int) -> _Parked | None:
         parked = self._parked.pop(fd, None)
