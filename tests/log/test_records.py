@@ -72,3 +72,22 @@ class _Int(int):
 )
 def test_other_types_take_the_encoder(record: Any) -> None:
     assert r.encode_payload(record) == r.generic_payload(record)
+
+
+def test_a_frame_record_is_a_templated_step_or_append_over_bytes_that_cannot_change() -> None:
+    """frame_record: what the log may encode later (at its commit) and get the same bytes."""
+    step = r.Step(1, 2, True, 5, "a", (1, 2), (3,), b"\x00\x01")
+    append = r.Append(b"\x01\x02", "pcm16", "evt", 24000)
+    assert r.frame_record(step) and r.frame_record(append)
+    not_frames: list[r.Record] = [
+        r.Step(1, 2, True, 5, "a", (1, 2), (3,), bytearray(b"\x00\x01")),  # type: ignore[arg-type]
+        r.Append(memoryview(b"\x01\x02"), "pcm16", None, 24000),  # type: ignore[arg-type]
+        r.Step(1, 2, True, 5, "x" * (r.FRAME_TEXT_MAX + 1), (1,), (3,), b""),
+        r.Append(b"\x01", "pcm16", "e" * (r.FRAME_TEXT_MAX + 1), 24000),
+        r.Append(bytes(r.FRAME_AUDIO_MAX + 2), "pcm16", None, 24000),
+        r.Step(True, 1, True, 5, "a", (1, 2), (3,), b"\x00\x01"),  # the encoder's to decide
+        r.Append(b"\x01\x02", "pcm16", "evt", True),
+        r.Heartbeat(None),
+        r.Cancel(),
+    ]
+    assert not any(r.frame_record(record) for record in not_frames)

@@ -60,6 +60,23 @@ async def test_records_of_several_sessions_come_back_in_order(tmp_path: Path) ->
         assert result.records == list(enumerate(expected[log.session_id]))
 
 
+async def test_a_frames_records_are_encoded_by_the_commit_and_any_other_at_once(tmp_path: Path) -> None:
+    """A frame's records (records.frame_record) wait as themselves and come out as they were
+    appended; audio the log could see change (a bytearray) is encoded when it is appended."""
+    async with open_log_writer(tmp_path, inline_io=True) as writer:
+        log = writer.create("a")
+        mutable = bytearray(b"\x01\x02" * 10)
+        records: list[r.Record] = [step(0), r.Append(bytes(mutable), "pcm16", "evt_1", 24000), r.Cancel()]
+        for rec in records:
+            log.append_nowait(rec)
+        log.append_nowait(r.Append(mutable, "pcm16", None, 24000))  # type: ignore[arg-type]
+        mutable[:] = bytes(len(mutable))  # after its append: the log holds what was appended
+        records.append(r.Append(b"\x01\x02" * 10, "pcm16", None, 24000))
+        assert [type(item) for item in log._pending] == [r.Step, r.Append, bytes, bytes]
+        await writer.flush()
+    assert read_log(log.path).records == list(enumerate(records))
+
+
 async def test_one_fdatasync_per_file_per_batch(tmp_path: Path) -> None:
     async with open_log_writer(tmp_path) as writer:
         a, b = writer.create("a"), writer.create("b")

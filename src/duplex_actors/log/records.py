@@ -350,21 +350,27 @@ def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
 _INT_ONLY: Final = frozenset({int})  # the types of a step's codes that the template writes
 
 
+def _plain_step(record: Step) -> bool:
+    """Whether a step's values are the plain types :func:`_step_json` writes."""
+    agent, user = record.agent_codes, record.user_codes
+    return (
+        type(record.epoch) is int
+        and type(record.frame_index) is int
+        and type(record.text_token) is int
+        and type(record.ready) is bool
+        and type(record.text_piece) is str
+        and type(agent) is tuple
+        and type(user) is tuple
+        and {*map(type, agent), *map(type, user)} <= _INT_ONLY
+    )
+
+
 def _step_json(record: Step) -> str | None:
     """A step record's JSON as :data:`_PAYLOAD_JSON` writes it, or None where its values are not
     the plain types this template writes (then the encoder does, and decides)."""
-    agent, user, piece = record.agent_codes, record.user_codes, record.text_piece
-    if (
-        type(record.epoch) is not int
-        or type(record.frame_index) is not int
-        or type(record.text_token) is not int
-        or type(record.ready) is not bool
-        or type(piece) is not str
-        or type(agent) is not tuple
-        or type(user) is not tuple
-        or not {*map(type, agent), *map(type, user)} <= _INT_ONLY
-    ):
+    if not _plain_step(record):
         return None
+    agent, user, piece = record.agent_codes, record.user_codes, record.text_piece
     return (
         f'{{"agent_codes":[{_codes_json(agent)}],"epoch":{record.epoch},'
         f'"frame_index":{record.frame_index},"ready":{"true" if record.ready else "false"},'
@@ -387,23 +393,56 @@ def _codes_json(codes: tuple[int, ...]) -> str:
         return ",".join(map(str, codes))
 
 
+def _plain_append(record: Append) -> bool:
+    """Whether an append's values are the plain types :func:`_append_json` writes."""
+    event_id = record.client_event_id
+    return (
+        type(record.format) is str
+        and type(record.sample_rate_hz) is int
+        and (event_id is None or type(event_id) is str)
+    )
+
+
 def _append_json(record: Append) -> str | None:
     """An append record's JSON as :data:`_PAYLOAD_JSON` writes it, or None (see :func:`_step_json`)."""
+    if not _plain_append(record):
+        return None
     event_id, fmt, rate = record.client_event_id, record.format, record.sample_rate_hz
-    if type(fmt) is not str or type(rate) is not int:
-        return None
-    if event_id is None:
-        event_json = "null"
-    elif type(event_id) is str:
-        event_json = _json_string(event_id)
-    else:
-        return None
+    event_json = "null" if event_id is None else _json_string(event_id)
     return f'{{"client_event_id":{event_json},"format":{_json_string(fmt)},"sample_rate_hz":{rate}}}'
 
 
 # The records of every frame (an append in, a step out) skip the generic encoder's dict and
 # key sort: a template of the same bytes (tests/log/test_records.py compares them).
 _json_string = json.encoder.encode_basestring_ascii
+
+
+# The most text (a step's piece, an append's event id) and audio of a record that
+# :func:`frame_record` takes: a frame's records are far below both.
+FRAME_TEXT_MAX: Final = 1024
+FRAME_AUDIO_MAX: Final = 1024 * 1024
+
+
+def frame_record(record: Record) -> bool:
+    """Whether ``record`` is one of every frame's two records (an exact :class:`Step` or
+    :class:`Append`) whose payload the templates write from values that cannot change: plain
+    types, its audio ``bytes``, its text and audio small. Encoding such a record later gives
+    the bytes encoding it now does, and cannot fail on it."""
+    if type(record) is Step:
+        return (
+            _plain_step(record)
+            and type(record.pcm16) is bytes
+            and len(record.text_piece) <= FRAME_TEXT_MAX
+            and len(record.pcm16) <= FRAME_AUDIO_MAX
+        )
+    if type(record) is Append:
+        return (
+            _plain_append(record)
+            and type(record.audio) is bytes
+            and len(record.client_event_id or "") <= FRAME_TEXT_MAX
+            and len(record.audio) <= FRAME_AUDIO_MAX
+        )
+    return False
 
 
 def encode_payload(record: Record) -> tuple[int, bytes]:

@@ -1,8 +1,9 @@
 """The log writer actor: one task per process that writes every session's log with group commit.
 
-Sessions never wait for the disk. :meth:`SessionLog.append_nowait` numbers and encodes a record and
-queues it with its log's other pending records (the log itself waits in the writer's queue, once);
-the writer task takes everything queued, joins each file's records, writes them with plain
+Sessions never wait for the disk. :meth:`SessionLog.append_nowait` numbers a record and queues it
+with its log's other pending records (the log itself waits in the writer's queue, once), encoded,
+or as itself for every frame's two records, which the commit encodes in a row, every session's
+together; the writer task takes everything queued, joins each file's records, writes them with plain
 ``os.write`` and then calls ``os.fdatasync`` once per file for the whole batch, in worker threads,
 never on the event loop. Policies:
 
@@ -47,7 +48,7 @@ import attrs
 import trio
 
 from duplex_actors.log.health import LogDirHealth, Transition
-from duplex_actors.log.records import Record
+from duplex_actors.log.records import Record, frame_record
 from duplex_actors.log.segment import MAGIC, SUFFIX, encode_record
 
 FSYNC_HISTORY: Final = 4096
@@ -136,9 +137,10 @@ class SessionLog:
         self._durable_seq = -1
         # Set (and replaced) when durable_seq moves or the log ends, while somebody waits on it.
         self._durable = trio.Event()
-        # Records queued and not yet taken by a commit; the log is in the writer's queue while
-        # there are any (once: a commit takes a log's records together, with one join).
-        self._pending: list[bytes] = []
+        # Records queued and not yet taken by a commit, each encoded or (a frame's) as itself;
+        # the log is in the writer's queue while there are any (once: a commit takes a log's
+        # records together, with one join).
+        self._pending: list[bytes | Record] = []
         self._pending_last_seq = -1
         self._closing = False
         self._closed = trio.Event()
@@ -168,7 +170,13 @@ class SessionLog:
         """
         self._check_open()
         seq = self._next_seq
-        self._writer._enqueue_record(self, seq, encode_record(seq, record))
+        # Every frame's two records wait as themselves and the commit encodes them, every
+        # session's in a row (_frames), the encoder's code and data in the caches throughout,
+        # rather than each in the middle of its frame's path, where they are not. Any other
+        # record is encoded now, so that what cannot be encoded raises here.
+        self._writer._enqueue_record(
+            self, seq, record if frame_record(record) else encode_record(seq, record)
+        )
         self._next_seq = seq + 1
         return seq
 
@@ -216,7 +224,7 @@ class SessionLog:
             self._durable.set()
             self._durable = trio.Event()
 
-    def _take_pending(self) -> tuple[list[bytes], int]:
+    def _take_pending(self) -> tuple[list[bytes | Record], int]:
         """The records queued so far and the last one's sequence number; none are left."""
         pending, self._pending = self._pending, []
         return pending, self._pending_last_seq
@@ -277,6 +285,22 @@ class _FileJob:
 # (BENCHMARKS.md, "Front-end ceiling"). What a crash can lose is records nobody waited for:
 # nothing acknowledged ever lingers.
 COMMIT_LINGER_S: Final = 0.2
+# A commit encodes a frame's records (SessionLog.append_nowait), up to about a millisecond of
+# them between checkpoints: many sessions' records over a long linger never hold a tick's
+# burst back for longer.
+ENCODE_SLICE: Final = 256
+
+
+def _frames(pending: list[bytes | Record], first_seq: int) -> bytes:
+    """A log's pending records as the bytes of their frames; those queued as records
+    (:func:`~duplex_actors.log.records.frame_record`) are encoded here, with sequence numbers
+    on from ``first_seq``."""
+    return b"".join(
+        [
+            item if isinstance(item, bytes) else encode_record(seq, item)
+            for seq, item in enumerate(pending, first_seq)
+        ]
+    )
 
 
 def _run_job(job: _FileJob) -> None:
@@ -461,7 +485,7 @@ class LogWriter:
         self._room.set()
         self._room = trio.Event()
 
-    def _enqueue_record(self, log: SessionLog, seq: int, data: bytes) -> None:
+    def _enqueue_record(self, log: SessionLog, seq: int, data: bytes | Record) -> None:
         if self._queued >= self._max_queued:
             raise LogBackpressure(f"log writer queue full ({self._max_queued} records)")
         if not log._pending:
@@ -526,6 +550,7 @@ class LogWriter:
     async def _commit(self, batch: list[_Request]) -> None:
         jobs: dict[SessionLog, _FileJob] = {}
         flushes: list[trio.Event] = []
+        encoded = 0
         for request in batch:
             if isinstance(request, _Flush):
                 flushes.append(request.done)
@@ -546,9 +571,14 @@ class LogWriter:
             if pending is None:
                 job.close = True
             elif pending:  # a log is queued once until a commit takes its records
-                job.data = b"".join(pending)
+                job.data = _frames(pending, last_seq - len(pending) + 1)
                 job.last_seq = last_seq
                 job.records += len(pending)
+                encoded += len(pending)
+                if encoded >= ENCODE_SLICE:
+                    # Records appended meanwhile wait for the next commit (in order).
+                    encoded = 0
+                    await trio.lowlevel.checkpoint()
         self._room_made()
         if any(job.data for job in jobs.values()):
             self._batches += 1
