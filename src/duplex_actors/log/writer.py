@@ -171,9 +171,9 @@ class SessionLog:
         self._check_open()
         seq = self._next_seq
         # Every frame's two records wait as themselves and the commit encodes them, every
-        # session's in a row (_frames), the encoder's code and data in the caches throughout,
-        # rather than each in the middle of its frame's path, where they are not. Any other
-        # record is encoded now, so that what cannot be encoded raises here.
+        # session's in a row (_frames): a frame's own path, which runs during the clients'
+        # burst, stays short. Any other record is encoded now, so that what cannot be encoded
+        # raises here.
         self._writer._enqueue_record(
             self, seq, record if frame_record(record) else encode_record(seq, record)
         )
