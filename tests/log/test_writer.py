@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from duplex_actors.log import records as r
+from duplex_actors.log import writer as writer_module
 from duplex_actors.log.segment import MAGIC, read_log
 from duplex_actors.log.writer import (
     FSYNC_HISTORY,
@@ -75,6 +76,39 @@ async def test_a_frames_records_are_encoded_by_the_commit_and_any_other_at_once(
         assert [type(item) for item in log._pending] == [r.Step, r.Append, bytes, bytes]
         await writer.flush()
     assert read_log(log.path).records == list(enumerate(records))
+
+
+async def test_records_appended_while_a_commit_encodes_come_after_it_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit checkpoints every ENCODE_SLICE records it encodes; appends made meanwhile, to
+    logs it has taken and to logs it has not, land in order (this commit's or the next)."""
+    monkeypatch.setattr(writer_module, "ENCODE_SLICE", 2)
+    async with open_log_writer(tmp_path, inline_io=True) as writer:
+        logs = [writer.create(f"s{n}") for n in range(4)]
+        expected: dict[str, list[r.Record]] = {log.session_id: [] for log in logs}
+
+        def append_all(i: int) -> None:
+            for log in logs:
+                rec: r.Record = step(i) if i % 2 else r.Append(bytes([i]) * 100, "pcm16", None, 24000)
+                log.append_nowait(rec)
+                expected[log.session_id].append(rec)
+
+        for i in range(3):
+            append_all(i)
+
+        async def keep_appending() -> None:
+            for i in range(3, 40):
+                append_all(i)
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.flush)
+            nursery.start_soon(keep_appending)
+        await writer.flush()
+        assert writer.statistics().batches > 1
+    for log in logs:
+        assert read_log(log.path).records == list(enumerate(expected[log.session_id]))
 
 
 async def test_one_fdatasync_per_file_per_batch(tmp_path: Path) -> None:

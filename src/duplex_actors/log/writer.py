@@ -2,8 +2,8 @@
 
 Sessions never wait for the disk. :meth:`SessionLog.append_nowait` numbers a record and queues it
 with its log's other pending records (the log itself waits in the writer's queue, once), encoded,
-or as itself for every frame's two records, which the commit encodes in a row, every session's
-together; the writer task takes everything queued, joins each file's records, writes them with plain
+except every frame's two records, which wait as themselves for the commit to encode; the writer
+task takes everything queued, joins each file's records, writes them with plain
 ``os.write`` and then calls ``os.fdatasync`` once per file for the whole batch, in worker threads,
 never on the event loop. Policies:
 
